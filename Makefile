@@ -1,0 +1,29 @@
+# make help lists the targets. Everything installs into the repo (.venv); nothing by hand.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+DB     ?= marketplace.db
+
+.DEFAULT_GOAL := help
+.PHONY: help run serve seed test clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(VENV)/stamp: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+run: $(VENV)/stamp  ## serve the demo on http://127.0.0.1:8080 (seeds a new database first)
+	@test -f $(DB) || $(PY) marketplace.py seed --db $(DB)
+	$(PY) marketplace.py serve --db $(DB)
+
+seed: $(VENV)/stamp  ## load the demo fixtures into a new database ($(DB))
+	$(PY) marketplace.py seed --db $(DB)
+
+test: $(VENV)/stamp  ## run the whole test suite
+	$(PY) -m pytest -q
+
+clean:  ## remove the virtual environment and the local database
+	rm -rf $(VENV) $(DB) $(DB)-wal $(DB)-shm .pytest_cache

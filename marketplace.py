@@ -1,0 +1,1898 @@
+#!/usr/bin/env python3
+"""A job marketplace for AI agents: paid jobs with escrow, claims, deliveries and payouts.
+
+Run it:
+    python marketplace.py serve [--host 127.0.0.1] [--port 8080] [--db marketplace.db]
+    python marketplace.py seed                       # demo accounts, agents and jobs
+    python marketplace.py keys create --name NAME [--admin]
+    python marketplace.py keys list | keys revoke KEY_ID
+    python marketplace.py backup PATH                # online SQLite backup
+    python marketplace.py check-ledger               # does every job's money add up?
+
+Every setting is a --flag and a MARKETPLACE_<NAME> environment variable; see SETTINGS below
+or `python marketplace.py serve --help`.
+"""
+
+__version__ = '2.0.0'
+
+if __name__ == '__main__':
+    # Only as a program: tests import this module without patching the standard library.
+    from gevent import monkey
+    monkey.patch_all()
+
+import argparse
+import base64
+import hashlib
+import hmac
+import io
+import json
+import logging
+import os
+import re
+import secrets
+import signal
+import socket
+import sys
+import threading
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from decimal import ROUND_DOWN, Decimal, InvalidOperation
+from pathlib import Path
+
+import apsw
+import bottle
+from bottle import request, response
+
+from verifier.addresses import address_problem
+
+HERE = Path(__file__).resolve().parent
+log = logging.getLogger('marketplace')
+
+
+###############################################################################
+# Settings ####################################################################
+###############################################################################
+
+def parse_bool(text):
+    """Read a boolean from an environment variable."""
+    value = str(text).strip().lower()
+    if value in ('1', 'true', 'yes', 'on'):
+        return True
+    if value in ('0', 'false', 'no', 'off'):
+        return False
+    raise ValueError(f'expected true or false, got {text!r}')
+
+
+def parse_on_off(text):
+    """Read 'on' or 'off'."""
+    value = str(text).strip().lower()
+    if value not in ('on', 'off'):
+        raise ValueError(f'expected on or off, got {text!r}')
+    return value
+
+
+def parse_percent(text):
+    """Read a percentage between 0 and 100 with at most two decimal places."""
+    try:
+        value = Decimal(str(text))
+    except InvalidOperation:
+        raise ValueError(f'expected a percentage such as 2.5, got {text!r}') from None
+    if not value.is_finite() or not 0 <= value <= 100 or value != value.quantize(Decimal('0.01')):
+        raise ValueError(f'expected a percentage from 0 to 100 with at most two decimals, got {text!r}')
+    return value
+
+
+def parse_positive(kind):
+    """Make a reader of positive numbers of one kind (int or float)."""
+    def read(text):
+        value = kind(text)
+        if value <= 0:
+            raise ValueError(f'expected a positive number, got {text!r}')
+        return value
+    read.__name__ = kind.__name__
+    return read
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: object
+    type: object
+    help: str
+
+    @property
+    def flag(self):
+        return '--' + self.name.replace('_', '-')
+
+    @property
+    def env(self):
+        return 'MARKETPLACE_' + self.name.upper()
+
+
+SETTINGS = [
+    Setting('host', '127.0.0.1', str, 'address to listen on'),
+    Setting('port', 8080, int, 'port to listen on'),
+    Setting('db', 'marketplace.db', str, 'path of the SQLite database file (the whole state)'),
+    Setting('public_url', '', str,
+            'base of the absolute URLs in responses (default http://HOST:PORT)'),
+    Setting('admin_key', '', str,
+            'an API key (32+ characters) made an admin key at start-up; best given as the env var'),
+    Setting('fee_percent', Decimal('0'), parse_percent,
+            "operator fee taken from each release, in percent (e.g. 2.5)"),
+    Setting('open_registration', True, parse_bool,
+            'allow POST /api/accounts and POST /api/agents/register without a key'),
+    Setting('rate_limits', 'on', parse_on_off, 'per-IP rate limits: on or off'),
+    Setting('rate_limit_scale', 1.0, parse_positive(float),
+            'multiply every rate limit by this (e.g. 10 for a busy private deployment)'),
+    Setting('trust_proxy', False, parse_bool,
+            'take the client IP from the last X-Forwarded-For entry (only behind your own proxy)'),
+    Setting('shutdown_timeout', 10.0, parse_positive(float),
+            'seconds SIGTERM waits for requests in flight before closing them'),
+]
+
+
+class Settings:
+    """The settings in force: every Setting's name as an attribute."""
+
+    def __init__(self, **values):
+        for setting in SETTINGS:
+            setattr(self, setting.name, values.pop(setting.name, setting.default))
+        if values:
+            raise TypeError(f'unknown settings: {", ".join(sorted(values))}')
+
+    @property
+    def base_url(self):
+        return (self.public_url or f'http://{self.host}:{self.port}').rstrip('/')
+
+
+def add_setting_flags(parser):
+    """Give an argparse parser one flag per setting (no defaults: unset flags fall through)."""
+    for setting in SETTINGS:
+        if setting.type is parse_bool:
+            parser.add_argument(setting.flag, dest=setting.name, default=None,
+                                action=argparse.BooleanOptionalAction,
+                                help=f'{setting.help} [env {setting.env}]')
+        else:
+            parser.add_argument(setting.flag, dest=setting.name, default=None, metavar='VALUE',
+                                help=f'{setting.help} (default {setting.default!s:.40}) [env {setting.env}]')
+
+
+def load_settings(flags=None, environ=None):
+    """Settings from flags, else MARKETPLACE_* variables, else defaults; ValueError names the bad one."""
+    flags = flags or {}
+    environ = os.environ if environ is None else environ
+    values = {}
+    for setting in SETTINGS:
+        raw, source = flags.get(setting.name), setting.flag
+        if raw is None and environ.get(setting.env, '') != '':
+            raw, source = environ[setting.env], setting.env
+        if raw is None:
+            continue
+        if isinstance(raw, bool) and setting.type is parse_bool:
+            values[setting.name] = raw
+            continue
+        try:
+            values[setting.name] = setting.type(raw)
+        except ValueError as exc:
+            raise ValueError(f'{source}: {exc}') from None
+    return Settings(**values)
+
+
+###############################################################################
+# Errors ######################################################################
+###############################################################################
+
+class APIError(Exception):
+    """An answer other than success: a status, a snake_case code and a sentence for a person."""
+
+    status = 400
+    code = 'bad_request'
+    message = 'The request is not valid.'
+
+    def __init__(self, message=None, *, code=None, fields=None, headers=None):
+        super().__init__(message or self.message)
+        self.message = message or self.message
+        self.code = code or self.code
+        self.fields = fields
+        self.headers = headers or {}
+
+    def body(self):
+        body = {'error': self.message, 'code': self.code, 'status': self.status}
+        if self.fields:
+            body['fields'] = self.fields
+        return body
+
+
+class BadRequest(APIError):
+    pass
+
+
+class ValidationFailed(APIError):
+    code = 'validation_failed'
+    message = 'Some fields are not valid; see fields.'
+
+
+class InvalidJSON(APIError):
+    code = 'invalid_json'
+    message = 'The request body must be a JSON object.'
+
+
+class InvalidUUID(APIError):
+    code = 'invalid_uuid'
+    message = 'An id is not a valid UUID.'
+
+
+class Unauthorized(APIError):
+    status = 401
+    code = 'unauthorized'
+    message = 'An API key is required: send Authorization: Bearer <key>.'
+
+    def __init__(self, message=None, **kwargs):
+        super().__init__(message, headers={'WWW-Authenticate': 'Bearer'}, **kwargs)
+
+
+class Forbidden(APIError):
+    status = 403
+    code = 'forbidden'
+    message = 'This API key may not do that.'
+
+
+class NotFound(APIError):
+    status = 404
+    code = 'not_found'
+    message = 'There is nothing here.'
+
+
+class MethodNotAllowed(APIError):
+    status = 405
+    code = 'method_not_allowed'
+
+    def __init__(self, allowed):
+        allowed = sorted(allowed)
+        super().__init__(f'This path accepts only {", ".join(allowed)}.',
+                         headers={'Allow': ', '.join(allowed)})
+
+
+class Conflict(APIError):
+    status = 409
+    code = 'conflict'
+
+
+class BodyTooLarge(APIError):
+    status = 413
+    code = 'body_too_large'
+    message = 'The request body is larger than 1 MiB.'
+
+
+class RateLimited(APIError):
+    status = 429
+    code = 'rate_limited'
+
+
+class Unavailable(APIError):
+    status = 503
+    code = 'unavailable'
+
+
+STATUS_CODES = {400: 'bad_request', 401: 'unauthorized', 403: 'forbidden', 404: 'not_found',
+                405: 'method_not_allowed', 409: 'conflict', 413: 'body_too_large',
+                429: 'rate_limited', 500: 'internal_error', 503: 'unavailable'}
+
+
+###############################################################################
+# Database ####################################################################
+###############################################################################
+
+# Changes to an existing database, by the user_version they bring it to. schema.sql always holds
+# the latest shape; a migration only alters what CREATE ... IF NOT EXISTS cannot.
+MIGRATIONS = {}
+SCHEMA_VERSION = 1
+
+
+class Database:
+    """One apsw connection with WAL, synchronous=FULL, foreign keys and a busy timeout.
+
+    The server shares one connection between greenlets. SQLite calls never yield to gevent, so a
+    transaction runs whole without interleaving as long as it does no network I/O and no sleep.
+    """
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.conn = apsw.Connection(self.path)
+        self.conn.set_busy_timeout(5000)
+        self.conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
+        self.conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+        self.conn.execute('PRAGMA journal_mode = WAL')
+        self.conn.execute('PRAGMA synchronous = FULL')
+        self.conn.execute('PRAGMA foreign_keys = ON')
+        self._depth = 0
+
+    def migrate(self):
+        """Bring the database to SCHEMA_VERSION: migrations first, then schema.sql."""
+        with self.transaction():
+            version = self.value('PRAGMA user_version')
+            if version > SCHEMA_VERSION:
+                raise RuntimeError(f'{self.path} has schema version {version}, newer than this '
+                                   f'program ({SCHEMA_VERSION}); upgrade marketplace.py')
+            if version:
+                for target in range(version + 1, SCHEMA_VERSION + 1):
+                    self.conn.execute(MIGRATIONS[target])
+            self.conn.execute((HERE / 'schema.sql').read_text())
+
+    @contextmanager
+    def transaction(self):
+        """One write transaction (BEGIN IMMEDIATE); inner uses join the outer one."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield self
+            finally:
+                self._depth -= 1
+            return
+        self.conn.execute('BEGIN IMMEDIATE')
+        self._depth = 1
+        try:
+            yield self
+        except BaseException:
+            self._depth = 0
+            self.conn.execute('ROLLBACK')
+            raise
+        self._depth = 0
+        self.conn.execute('COMMIT')
+
+    def rows(self, sql, params=None):
+        """Every row of a query as a dict."""
+        cursor = self.conn.execute(sql, params or {})
+        try:
+            names = [d[0] for d in cursor.get_description()]
+        except apsw.ExecutionCompleteError:
+            return []
+        return [dict(zip(names, row)) for row in cursor]
+
+    def row(self, sql, params=None):
+        """The first row of a query as a dict, or None."""
+        found = self.rows(sql, params)
+        return found[0] if found else None
+
+    def value(self, sql, params=None):
+        """The first column of the first row, or None."""
+        for row in self.conn.execute(sql, params or {}):
+            return row[0]
+        return None
+
+    def execute(self, sql, params=None):
+        self.conn.execute(sql, params or {})
+        return self.conn.changes()
+
+    def insert(self, table, values):
+        """Insert a dict as a row of a table named by the code, never by a caller."""
+        names = ', '.join(values)
+        marks = ', '.join(':' + name for name in values)
+        self.conn.execute(f'INSERT INTO {table} ({names}) VALUES ({marks})', values)
+
+    def backup(self, destination):
+        """Copy the live database to a file, page by page, while it stays in use."""
+        target = apsw.Connection(str(destination))
+        try:
+            with target.backup('main', self.conn, 'main') as copy:
+                while not copy.done:
+                    copy.step(256)
+        finally:
+            target.close()
+
+    def close(self):
+        self.conn.close()
+
+
+###############################################################################
+# Time, ids and formats #######################################################
+###############################################################################
+
+class Clock:
+    """The service's one source of 'now'; tests set or advance it instead of sleeping."""
+
+    def __init__(self):
+        self.fixed = None
+
+    def now(self):
+        return self.fixed or datetime.now(timezone.utc)
+
+    def set(self, moment):
+        self.fixed = moment
+
+    def advance(self, **delta):
+        self.fixed = self.now() + timedelta(**delta)
+
+
+CLOCK = Clock()
+
+
+def now():
+    """The current time in UTC (CLOCK decides)."""
+    return CLOCK.now()
+
+
+def iso(moment):
+    """ISO 8601 UTC with milliseconds and a Z."""
+    moment = moment.astimezone(timezone.utc)
+    return moment.strftime('%Y-%m-%dT%H:%M:%S.') + f'{moment.microsecond // 1000:03d}Z'
+
+
+def now_iso():
+    return iso(now())
+
+
+def parse_time(text):
+    """Read an ISO 8601 time; a time without an offset is UTC."""
+    moment = datetime.fromisoformat(text.strip())
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment
+
+
+def new_id():
+    return str(uuid.uuid4())
+
+
+_UUID = re.compile(r'^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$')
+
+
+def parse_uuid(text, what='id'):
+    """A UUID in canonical lowercase form, or InvalidUUID."""
+    value = text.lower() if isinstance(text, str) else None
+    if value is None or not _UUID.match(value):
+        raise InvalidUUID(f'The {what} is not a valid UUID.', fields={what: 'must be a UUID'})
+    return value
+
+
+###############################################################################
+# Money and the ledger ########################################################
+###############################################################################
+
+# Ledger amounts are integer base units of the currency; job prices are integer cents.
+DECIMALS = {'USD': 2, 'USDC': 6}
+MAX_PAYMENT_CENTS = 100_000_000   # 1,000,000.00
+RAILS = {'USDC': 'base', 'USD': 'stripe'}
+FINAL_JOB_STATUSES = ('completed', 'rejected', 'refunded', 'expired', 'cancelled')
+ACTIVE_CLAIM_STATUSES = ('claimed', 'delivered', 'disputed')
+
+
+def cents_to_units(cents, currency):
+    return cents * 10 ** (DECIMALS[currency] - 2)
+
+
+def format_cents(cents):
+    """Integer hundredths as a decimal string with two places: 2550 -> '25.50'."""
+    sign = '-' if cents < 0 else ''
+    return f'{sign}{abs(cents) // 100}.{abs(cents) % 100:02d}'
+
+
+def format_units(units, currency):
+    """Base units as a two-place decimal string, cut down to the cent."""
+    return format_cents(units // 10 ** (DECIMALS[currency] - 2))
+
+
+def escrow_account(job_id):
+    return f'escrow:{job_id}'
+
+
+def record_payment(db, job, kind, amount, *, debit, credit, recipient, claim_id=None):
+    """Write one payment record and its two ledger entries (debit and credit); return the record."""
+    payment = {
+        'id': new_id(), 'job_id': job['id'], 'claim_id': claim_id, 'type': kind,
+        'amount': amount, 'currency': job['currency'], 'rail': job['rail'],
+        'status': 'simulated', 'recipient': recipient, 'tx_hash': None, 'created_at': now_iso(),
+    }
+    db.insert('payments', payment)
+    for account, signed in ((debit, -amount), (credit, amount)):
+        db.insert('ledger_entries', {
+            'payment_id': payment['id'], 'job_id': job['id'], 'account': account,
+            'amount': signed, 'currency': job['currency'], 'created_at': payment['created_at'],
+        })
+    return payment
+
+
+def escrow_balance(db, job_id):
+    """What the job's escrow still holds, in base units."""
+    return db.value('SELECT coalesce(sum(amount), 0) FROM ledger_entries WHERE account = :account',
+                    {'account': escrow_account(job_id)})
+
+
+def lock_escrow(db, job):
+    """Move the job's price from the requester into the job's escrow."""
+    return record_payment(db, job, 'escrow', cents_to_units(job['amount_cents'], job['currency']),
+                          debit=f'funding:{job["requester_id"]}', credit=escrow_account(job['id']),
+                          recipient='escrow')
+
+
+def release_to_worker(db, settings, job, claim, agent, amount):
+    """Pay a worker `amount` base units from escrow, less the operator fee; return the records."""
+    fee = amount * int(settings.fee_percent * 100) // 10_000
+    payments = [record_payment(db, job, 'release', amount - fee, debit=escrow_account(job['id']),
+                               credit=f'worker:{agent["id"]}',
+                               recipient=agent['wallet_address'] or agent['id'], claim_id=claim['id'])]
+    if fee:
+        payments.append(record_payment(db, job, 'fee', fee, debit=escrow_account(job['id']),
+                                       credit='fees', recipient='operator', claim_id=claim['id']))
+    return payments
+
+
+def refund_escrow(db, job):
+    """Return whatever the job's escrow still holds to the requester; the record, or None."""
+    balance = escrow_balance(db, job['id'])
+    if balance <= 0:
+        return None
+    return record_payment(db, job, 'refund', balance, debit=escrow_account(job['id']),
+                          credit=f'funding:{job["requester_id"]}', recipient=job['requester_id'])
+
+
+def ledger_problems(db):
+    """Every way the books fail to balance; an empty list means they balance.
+
+    For each job: locked = released + fee + refunded + still locked, the escrow never below zero,
+    nothing left in escrow once the job is final, and escrowStatus agreeing with the balance.
+    Every payment is exactly one debit and one matching credit; no worker or fee account is negative.
+    """
+    problems = []
+    for row in db.rows('''
+        SELECT p.id, p.amount, count(e.id) AS entries, coalesce(sum(e.amount), 0) AS net,
+               coalesce(max(e.amount), 0) AS credit
+        FROM payments p LEFT JOIN ledger_entries e ON e.payment_id = p.id
+        GROUP BY p.id
+        HAVING entries != 2 OR net != 0 OR credit != p.amount'''):
+        problems.append(f'payment {row["id"]}: {row["entries"]} entries, net {row["net"]}')
+    for job in db.rows('''
+        SELECT j.id, j.status, j.escrow_status,
+            coalesce(sum(CASE p.type WHEN 'escrow' THEN p.amount END), 0) AS locked,
+            coalesce(sum(CASE p.type WHEN 'release' THEN p.amount END), 0) AS released,
+            coalesce(sum(CASE p.type WHEN 'fee' THEN p.amount END), 0) AS fee,
+            coalesce(sum(CASE p.type WHEN 'refund' THEN p.amount END), 0) AS refunded,
+            (SELECT coalesce(sum(e.amount), 0) FROM ledger_entries e
+             WHERE e.account = 'escrow:' || j.id) AS held
+        FROM jobs j LEFT JOIN payments p ON p.job_id = j.id
+        GROUP BY j.id'''):
+        name = f'job {job["id"]} ({job["status"]}, escrow {job["escrow_status"]})'
+        if job['locked'] != job['released'] + job['fee'] + job['refunded'] + job['held']:
+            problems.append(f'{name}: locked {job["locked"]} != released {job["released"]} + fee '
+                            f'{job["fee"]} + refunded {job["refunded"]} + held {job["held"]}')
+        if job['held'] < 0:
+            problems.append(f'{name}: escrow holds {job["held"]}')
+        if job['status'] in FINAL_JOB_STATUSES and job['held'] != 0:
+            problems.append(f'{name}: final but escrow still holds {job["held"]}')
+        if (job['escrow_status'] == 'locked') != (job['held'] > 0):
+            problems.append(f'{name}: escrowStatus does not match a balance of {job["held"]}')
+    for row in db.rows('''
+        SELECT account, currency, sum(amount) AS balance FROM ledger_entries
+        WHERE account = 'fees' OR account LIKE 'worker:%'
+        GROUP BY account, currency HAVING balance < 0'''):
+        problems.append(f'account {row["account"]} holds {row["balance"]} {row["currency"]}')
+    return problems
+
+
+###############################################################################
+# Validation ##################################################################
+###############################################################################
+
+CATEGORIES = ('code', 'content', 'data', 'research', 'design', 'custom')
+COMPETITION_MODES = ('first-wins', 'best-wins', 'all-paid')
+MAX_BODY = 1024 * 1024
+_MONEY = re.compile(r'^\d{1,9}(\.\d{1,2})?$')
+_MISSING = object()
+
+
+def read_money(value):
+    """Integer cents from '25.00', '25.5', '25' or the integer 25; ValueError otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not _MONEY.match(value.strip()):
+        raise ValueError('must be a decimal string with at most two places, e.g. "25.00"')
+    whole, _, part = value.strip().partition('.')
+    return int(whole) * 100 + int(part.ljust(2, '0') or 0)
+
+
+def read_hundredths(value):
+    """Integer hundredths from a number or a decimal string (reputation), ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError('must be a number such as 10 or "10.00"')
+    try:
+        number = Decimal(str(value).strip())
+    except InvalidOperation:
+        raise ValueError('must be a number such as 10 or "10.00"') from None
+    if not number.is_finite() or number < 0 or number > 1_000_000:
+        raise ValueError('must be a number from 0 to 1000000')
+    return int((number * 100).to_integral_value(rounding=ROUND_DOWN))
+
+
+def read_json_body():
+    """The request body as a dict: 413 over 1 MiB, 400 unless it is one JSON object."""
+    length = request.content_length
+    if length > MAX_BODY:
+        raise BodyTooLarge()
+    stream = request.environ['wsgi.input']
+    raw = stream.read(length) if length >= 0 else stream.read(MAX_BODY + 1)
+    if len(raw) > MAX_BODY:
+        raise BodyTooLarge()
+    if not raw.strip():
+        raise InvalidJSON('The request body is empty; send a JSON object.')
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise InvalidJSON('The request body is not valid JSON.') from None
+    if not isinstance(body, dict):
+        raise InvalidJSON('The request body must be a JSON object, not a '
+                          f'{type(body).__name__.replace("dict", "object")}.')
+    return body
+
+
+class Form:
+    """Reads the fields of a JSON body, collecting every problem before refusing the request."""
+
+    def __init__(self, body):
+        self.body = body
+        self.errors = {}
+        self.uuid_errors = set()
+
+    def _raw(self, name, required):
+        value = self.body.get(name, _MISSING)
+        if value is _MISSING or value is None:
+            if required:
+                self.errors[name] = 'is required'
+            return _MISSING
+        return value
+
+    def text(self, name, *, required=False, default=None, max_len=200, allow_empty=False):
+        value = self._raw(name, required)
+        if value is _MISSING:
+            return default
+        if not isinstance(value, str):
+            self.errors[name] = 'must be a string'
+        elif not allow_empty and not value.strip():
+            self.errors[name] = 'must not be empty'
+        elif len(value) > max_len:
+            self.errors[name] = f'must be at most {max_len} characters'
+        else:
+            return value.strip()
+        return default
+
+    def choice(self, name, options, *, required=False, default=None):
+        value = self._raw(name, required)
+        if value is _MISSING:
+            return default
+        if value not in options:
+            self.errors[name] = f'must be one of {", ".join(options)}'
+            return default
+        return value
+
+    def integer(self, name, *, default=None, low, high):
+        value = self._raw(name, False)
+        if value is _MISSING:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            self.errors[name] = f'must be a whole number from {low} to {high}'
+            return default
+        return value
+
+    def boolean(self, name, *, required=False, default=None):
+        value = self._raw(name, required)
+        if value is _MISSING:
+            return default
+        if not isinstance(value, bool):
+            self.errors[name] = 'must be true or false'
+            return default
+        return value
+
+    def uuid(self, name, *, required=False):
+        value = self._raw(name, required)
+        if value is _MISSING:
+            return None
+        try:
+            return parse_uuid(value, name)
+        except InvalidUUID:
+            self.errors[name] = 'must be a UUID'
+            self.uuid_errors.add(name)
+            return None
+
+    def parsed(self, name, reader, *, required=False, default=None):
+        """A value read by `reader`, whose ValueError message becomes the field's error."""
+        value = self._raw(name, required)
+        if value is _MISSING:
+            return default
+        try:
+            return reader(value)
+        except ValueError as exc:
+            self.errors[name] = str(exc)
+            return default
+
+    def done(self):
+        """Refuse the request if any field was wrong."""
+        if self.errors:
+            names = ', '.join(sorted(self.errors))
+            if set(self.errors) == self.uuid_errors:
+                raise InvalidUUID(f'Not a valid UUID: {names}.', fields=self.errors)
+            raise ValidationFailed(f'Some fields are not valid: {names}.', fields=self.errors)
+
+
+def read_url(value):
+    """An http(s) URL of at most 2048 characters."""
+    if not isinstance(value, str) or len(value) > 2048:
+        raise ValueError('must be an http or https URL of at most 2048 characters')
+    match = re.match(r'^https?://([^/?#\s]+)[^\s]*$', value.strip(), re.IGNORECASE)
+    if not match:
+        raise ValueError('must be an http or https URL')
+    return value.strip()
+
+
+def read_address(value):
+    problem = address_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def read_string_list(options=None, max_items=50, max_len=50):
+    """Make a reader of a short array of short strings (from `options`, if given)."""
+    def read(value):
+        if not isinstance(value, list) or len(value) > max_items:
+            raise ValueError(f'must be an array of at most {max_items} strings')
+        for item in value:
+            if not isinstance(item, str) or not item or len(item) > max_len:
+                raise ValueError(f'must hold strings of 1 to {max_len} characters')
+            if options and item not in options:
+                raise ValueError(f'may hold only {", ".join(options)}')
+        return list(dict.fromkeys(value))
+    return read
+
+
+def read_non_negative_number(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1e12:
+        raise ValueError('must be a number of at least 0')
+    return value
+
+
+def read_json_object(max_bytes):
+    """Make a reader of a JSON object whose encoding fits in max_bytes."""
+    def read(value):
+        if not isinstance(value, dict):
+            raise ValueError('must be an object')
+        if len(json.dumps(value)) > max_bytes:
+            raise ValueError(f'must be at most {max_bytes} bytes of JSON')
+        return value
+    return read
+
+
+def read_criteria(value):
+    """acceptanceCriteria: at most 50 objects, each with string `type` and `check`."""
+    if not isinstance(value, list) or len(value) > 50:
+        raise ValueError('must be an array of at most 50 objects')
+    for item in value:
+        if not isinstance(item, dict) or not all(
+                isinstance(item.get(key), str) and 0 < len(item[key]) <= 2000 for key in ('type', 'check')):
+            raise ValueError('each item must be an object with string type and check')
+    return value
+
+
+def read_deadline(value):
+    if not isinstance(value, str):
+        raise ValueError('must be an ISO 8601 time, e.g. 2026-12-01T00:00:00Z')
+    try:
+        moment = parse_time(value)
+    except ValueError:
+        raise ValueError('must be an ISO 8601 time, e.g. 2026-12-01T00:00:00Z') from None
+    if moment <= now():
+        raise ValueError('must be in the future')
+    return iso(moment)
+
+
+def read_capabilities(value):
+    if not isinstance(value, dict):
+        raise ValueError('must be an object')
+    result = dict(value)
+    for key, reader in (('categories', read_string_list(CATEGORIES)), ('languages', read_string_list()),
+                        ('maxJobValue', read_non_negative_number)):
+        if value.get(key) is not None:
+            result[key] = reader(value[key])
+    if value.get('avgCompletionTime') is not None and not (
+            isinstance(value['avgCompletionTime'], str) and len(value['avgCompletionTime']) <= 50):
+        raise ValueError('avgCompletionTime must be a short string such as "30m"')
+    return read_json_object(10_000)(result)
+
+
+def read_pricing(value):
+    if not isinstance(value, dict):
+        raise ValueError('must be an object')
+    result = dict(value)
+    if value.get('minimumJobValue') is not None:
+        result['minimumJobValue'] = read_non_negative_number(value['minimumJobValue'])
+    if value.get('acceptedCurrencies') is not None:
+        result['acceptedCurrencies'] = read_string_list(tuple(DECIMALS))(value['acceptedCurrencies'])
+    return read_json_object(10_000)(result)
+
+
+###############################################################################
+# Accounts and API keys #######################################################
+###############################################################################
+
+def hash_key(key):
+    return hashlib.sha256(key.encode('utf-8')).hexdigest()
+
+
+def create_account(db, name, role='member'):
+    """Create an account and its first API key; return (account, key). The key is shown once."""
+    account = {'id': new_id(), 'name': name, 'role': role, 'created_at': now_iso()}
+    with db.transaction():
+        db.insert('accounts', account)
+        key = issue_key(db, account['id'])
+    return account, key
+
+
+def issue_key(db, account_id):
+    """A new random key for an account; only its SHA-256 hash is stored."""
+    key = 'mk_' + secrets.token_urlsafe(32)
+    db.insert('api_keys', {'id': new_id(), 'account_id': account_id, 'key_hash': hash_key(key),
+                           'prefix': key[:10], 'created_at': now_iso(), 'revoked_at': None})
+    return key
+
+
+def ensure_admin_key(db, key):
+    """Make `key` an admin key (MARKETPLACE_ADMIN_KEY), creating its account the first time."""
+    if len(key) < 32:
+        raise ValueError('the admin key must be at least 32 characters long')
+    with db.transaction():
+        account_id = db.value('SELECT account_id FROM api_keys WHERE key_hash = :h', {'h': hash_key(key)})
+        if account_id:
+            db.execute("UPDATE accounts SET role = 'admin' WHERE id = :id", {'id': account_id})
+            return
+        account = {'id': new_id(), 'name': 'admin', 'role': 'admin', 'created_at': now_iso()}
+        db.insert('accounts', account)
+        db.insert('api_keys', {'id': new_id(), 'account_id': account['id'], 'key_hash': hash_key(key),
+                               'prefix': key[:4] + '…', 'created_at': now_iso(), 'revoked_at': None})
+
+
+def account_for_key(db, key):
+    """The account of a live key, or None for an unknown or revoked key."""
+    digest = hash_key(key)
+    row = db.row('''
+        SELECT a.id, a.name, a.role, k.key_hash FROM api_keys k JOIN accounts a ON a.id = k.account_id
+        WHERE k.key_hash = :digest AND k.revoked_at IS NULL''', {'digest': digest})
+    if row is None or not hmac.compare_digest(row.pop('key_hash'), digest):
+        return None
+    return row
+
+
+def caller():
+    """The account behind the request's API key, or None without a (valid) key."""
+    if 'marketplace.account' not in request.environ:
+        header = request.get_header('Authorization', '')
+        scheme, _, key = header.partition(' ')
+        account = None
+        if scheme.lower() == 'bearer' and key.strip():
+            account = account_for_key(service().db, key.strip())
+        request.environ['marketplace.account'] = account
+    return request.environ['marketplace.account']
+
+
+def require_account():
+    """The caller's account; 401 when the key is missing, unknown or revoked."""
+    account = caller()
+    if account is None:
+        if request.get_header('Authorization'):
+            raise Unauthorized('The API key is unknown or revoked.')
+        raise Unauthorized()
+    return account
+
+
+def is_admin(account):
+    return account is not None and account['role'] == 'admin'
+
+
+###############################################################################
+# Rate limits #################################################################
+###############################################################################
+
+# Requests per client IP per fixed one-hour window, by endpoint class.
+RATE_LIMITS = {
+    'read': 60, 'jobs_create': 20, 'agents_create': 10, 'job_action': 30, 'registration': 10,
+    'votes': 30, 'arbitrators': 10, 'webhook_test': 10, 'sweeps': 60,
+}
+
+
+class RateLimiter:
+    """Fixed one-hour windows per (endpoint class, client IP), kept in memory."""
+
+    def __init__(self, scale=1.0):
+        self.scale = scale
+        self.window = None
+        self.counts = {}
+        self.lock = threading.Lock()
+
+    def hit(self, bucket, client):
+        """Count one request; return (allowed, headers)."""
+        moment = int(now().timestamp())
+        window = moment // 3600
+        limit = max(1, int(RATE_LIMITS[bucket] * self.scale))
+        with self.lock:
+            if window != self.window:
+                self.window, self.counts = window, {}
+            used = self.counts.get((bucket, client), 0)
+            allowed = used < limit
+            if allowed:
+                used = self.counts[(bucket, client)] = used + 1
+        reset = (window + 1) * 3600
+        headers = {'X-RateLimit-Limit': str(limit), 'X-RateLimit-Remaining': str(max(0, limit - used)),
+                   'X-RateLimit-Reset': str(reset)}
+        if not allowed:
+            headers['Retry-After'] = str(max(1, reset - moment))
+        return allowed, headers
+
+
+def client_ip():
+    """The caller's IP: the socket's peer, or the last X-Forwarded-For hop with --trust-proxy."""
+    if service().settings.trust_proxy:
+        forwarded = request.get_header('X-Forwarded-For', '')
+        hops = [hop.strip() for hop in forwarded.split(',') if hop.strip()]
+        if hops:
+            return hops[-1]
+    return request.environ.get('REMOTE_ADDR', '')
+
+
+###############################################################################
+# Agents ######################################################################
+###############################################################################
+
+AGENT_SELECT = '''
+    SELECT a.*,
+        (SELECT count(*) FROM claims c WHERE c.agent_id = a.id AND c.status = 'approved') AS jobs_completed,
+        (SELECT count(*) FROM claims c WHERE c.agent_id = a.id
+            AND c.status IN ('approved', 'rejected', 'expired')) AS jobs_finished,
+        (SELECT coalesce(sum(CASE e.currency WHEN 'USDC' THEN e.amount / 10000 ELSE e.amount END), 0)
+            FROM ledger_entries e WHERE e.account = 'worker:' || a.id) AS earned_cents
+    FROM agents a'''
+AGENT_SORTS = {
+    'reputation': 'reputation DESC, created_at ASC',
+    'jobs': 'jobs_completed DESC, reputation DESC',
+    'earned': 'earned_cents DESC, reputation DESC',
+    'newest': 'created_at DESC, rowid DESC',
+}
+
+
+def new_webhook_secret():
+    return 'whsec_' + base64.b64encode(secrets.token_bytes(32)).decode('ascii')
+
+
+def read_agent_body(body):
+    """Validated agent fields from a POST /api/agents body."""
+    form = Form(body)
+    agent = {
+        'name': form.text('name', required=True, max_len=100),
+        'description': form.text('description', default='', max_len=2000, allow_empty=True),
+        'wallet_address': form.parsed('walletAddress', read_address, required=True),
+        'webhook_url': form.parsed('webhookUrl', read_url),
+        'capabilities': form.parsed('capabilities', read_capabilities, default={}),
+        'pricing': form.parsed('pricing', read_pricing, default={}),
+    }
+    form.done()
+    return agent
+
+
+def create_agent(db, account_id, fields):
+    """Register an agent for an account; return (agent row, webhook secret)."""
+    moment = now_iso()
+    secret = new_webhook_secret()
+    row = dict(fields, id=new_id(), account_id=account_id, webhook_secret=secret,
+               capabilities=json.dumps(fields['capabilities']), pricing=json.dumps(fields['pricing']),
+               reputation=0, created_at=moment, updated_at=moment)
+    with db.transaction():
+        db.insert('agents', row)
+    return get_agent(db, row['id']), secret
+
+
+def get_agent(db, agent_id):
+    agent = db.row(AGENT_SELECT + ' WHERE a.id = :id', {'id': agent_id})
+    if agent is None:
+        raise NotFound('No agent has this id.')
+    return agent
+
+
+def adjust_reputation(db, agent_id, delta, reason, job_id, claim_id):
+    """Change an agent's reputation by `delta` hundredths (never below 0) and record it."""
+    score = db.value('SELECT reputation FROM agents WHERE id = :id', {'id': agent_id})
+    after = max(0, score + delta)
+    db.execute('UPDATE agents SET reputation = :after, updated_at = :now WHERE id = :id',
+               {'after': after, 'now': now_iso(), 'id': agent_id})
+    db.insert('reputation_events', {
+        'id': new_id(), 'agent_id': agent_id, 'delta': delta, 'reason': reason, 'job_id': job_id,
+        'claim_id': claim_id, 'score_after': after, 'created_at': now_iso()})
+
+
+def agent_json(agent, viewer=None):
+    """An agent as the API shows it; webhookUrl only to its owner or an admin."""
+    finished = agent['jobs_finished']
+    shown = {
+        'id': agent['id'],
+        'accountId': agent['account_id'],
+        'name': agent['name'],
+        'description': agent['description'],
+        'walletAddress': agent['wallet_address'],
+        'capabilities': json.loads(agent['capabilities']),
+        'pricing': json.loads(agent['pricing']),
+        'reputationScore': format_cents(agent['reputation']),
+        'jobsCompleted': agent['jobs_completed'],
+        'totalEarned': format_cents(agent['earned_cents']),
+        'completionRate': round(agent['jobs_completed'] / finished, 4) if finished else 0.0,
+        'createdAt': agent['created_at'],
+        'updatedAt': agent['updated_at'],
+    }
+    if viewer and (viewer['id'] == agent['account_id'] or is_admin(viewer)):
+        shown['webhookUrl'] = agent['webhook_url']
+    return shown
+
+
+def reputation_json(event):
+    return {'delta': format_cents(event['delta']), 'reason': event['reason'], 'jobId': event['job_id'],
+            'claimId': event['claim_id'], 'scoreAfter': format_cents(event['score_after']),
+            'createdAt': event['created_at']}
+
+
+###############################################################################
+# Jobs and claims #############################################################
+###############################################################################
+
+JOB_SELECT = '''
+    SELECT j.*, (SELECT count(*) FROM claims c WHERE c.job_id = j.id
+                 AND c.status IN ('claimed', 'delivered', 'disputed')) AS claim_count
+    FROM jobs j'''
+JOB_SORTS = {
+    'newest': 'j.created_at DESC, j.rowid DESC',
+    'oldest': 'j.created_at ASC, j.rowid ASC',
+    'pay_desc': 'j.amount_cents DESC, j.created_at DESC',
+    'pay_asc': 'j.amount_cents ASC, j.created_at DESC',
+    'deadline': 'j.deadline ASC, j.created_at DESC',
+}
+JOB_STATUSES = ('open', 'claimed', 'delivered', 'disputed') + FINAL_JOB_STATUSES
+
+
+def read_job_body(body, account):
+    """Validated job fields from a POST /api/jobs body, with the defaults filled in."""
+    form = Form(body)
+    currency = form.choice('paymentCurrency', tuple(DECIMALS), default='USDC')
+    job = {
+        'title': form.text('title', required=True, max_len=200),
+        'description': form.text('description', required=True, max_len=20_000),
+        'category': form.choice('category', CATEGORIES, required=True),
+        'amount_cents': form.parsed('paymentAmount', read_money, required=True),
+        'currency': currency,
+        'rail': form.choice('paymentRail', tuple(RAILS.values()), default=RAILS.get(currency)),
+        'requester_id': form.uuid('requesterId') or account['id'],
+        'requirements': form.parsed('requirements', read_json_object(20_000), default={}),
+        'acceptance_criteria': form.parsed('acceptanceCriteria', read_criteria, default=[]),
+        'max_workers': form.integer('maxWorkers', default=1, low=1, high=100),
+        'competition_mode': form.choice('competitionMode', COMPETITION_MODES, default='first-wins'),
+        'deadline': form.parsed('deadline', read_deadline, required=True),
+        'verification_window_hours': form.integer('verificationWindowHours', default=24, low=1, high=720),
+        'min_reputation': form.parsed('minReputation', read_hundredths, default=0),
+    }
+    if job['amount_cents'] is not None and not 0 < job['amount_cents'] <= MAX_PAYMENT_CENTS:
+        form.errors['paymentAmount'] = 'must be more than 0.00 and at most 1000000.00'
+    if currency and job['rail'] and RAILS[currency] != job['rail']:
+        form.errors['paymentRail'] = f'{currency} is paid only on rail {RAILS[currency]}'
+    form.done()
+    if job['requester_id'] != account['id']:
+        if not is_admin(account):
+            raise Forbidden('Only an admin may post a job on behalf of another requester.')
+    return job
+
+
+def create_job(db, fields):
+    """Create an open job and lock its full price in escrow, in one transaction."""
+    moment = now_iso()
+    job = dict(fields, id=new_id(), status='open', escrow_status='locked', escrow_tx_hash=None,
+               requirements=json.dumps(fields['requirements']),
+               acceptance_criteria=json.dumps(fields['acceptance_criteria']),
+               created_at=moment, updated_at=moment)
+    with db.transaction():
+        if not db.value('SELECT 1 FROM accounts WHERE id = :id', {'id': job['requester_id']}):
+            raise ValidationFailed('The requester does not exist.',
+                                   fields={'requesterId': 'no account has this id'})
+        db.insert('jobs', job)
+        lock_escrow(db, job)
+    return get_job(db, job['id'])
+
+
+def get_job(db, job_id):
+    job = db.row(JOB_SELECT + ' WHERE j.id = :id', {'id': job_id})
+    if job is None:
+        raise NotFound('No job has this id.')
+    return job
+
+
+def get_claim(db, job_id, claim_id):
+    """A claim of this job, or 404."""
+    claim = db.row('SELECT * FROM claims WHERE id = :id AND job_id = :job', {'id': claim_id, 'job': job_id})
+    if claim is None:
+        raise NotFound('This job has no claim with this id.')
+    return claim
+
+
+def require_open_deadline(job):
+    if job['deadline'] <= now_iso():
+        raise Conflict('The job is past its deadline.', code='deadline_passed')
+
+
+def require_requester(job, account):
+    if account['id'] != job['requester_id'] and not is_admin(account):
+        raise Forbidden("Only the job's requester (or an admin) may do that.")
+
+
+def live_job_status(db, job):
+    """What an unfinished job's status is, from its active claims."""
+    statuses = [row['status'] for row in db.rows(
+        'SELECT status FROM claims WHERE job_id = :id AND status IN (\'claimed\', \'delivered\', \'disputed\')',
+        {'id': job['id']})]
+    if 'disputed' in statuses:
+        return 'disputed'
+    if 'delivered' in statuses:
+        return 'delivered'
+    return 'claimed' if len(statuses) >= job['max_workers'] else 'open'
+
+
+def set_job_status(db, job_id, status, escrow_status=None):
+    db.execute('''UPDATE jobs SET status = :status, escrow_status = coalesce(:escrow, escrow_status),
+                  updated_at = :now WHERE id = :id''',
+               {'status': status, 'escrow': escrow_status, 'now': now_iso(), 'id': job_id})
+
+
+def set_claim_status(db, claim_id, status, **extra):
+    """Change a claim's status (and deliverable/delivered_at/verified_at/auto_approved)."""
+    allowed = {'deliverable', 'delivered_at', 'verified_at', 'auto_approved'}
+    assert set(extra) <= allowed
+    assignments = ''.join(f', {name} = :{name}' for name in extra)
+    db.execute(f'UPDATE claims SET status = :status, updated_at = :now{assignments} WHERE id = :id',
+               dict(extra, status=status, now=now_iso(), id=claim_id))
+
+
+def claim_job(db, job_id, agent_id, account):
+    """Claim a job for an agent the caller owns; return the claim."""
+    with db.transaction():
+        job = get_job(db, job_id)
+        agent = get_agent(db, agent_id)
+        if agent['account_id'] != account['id']:
+            raise Forbidden('You can claim only with an agent your account owns.')
+        if job['requester_id'] == agent['account_id']:
+            raise Forbidden('An agent cannot claim a job its own account posted.', code='own_job')
+        if job['status'] not in ('open', 'claimed', 'delivered'):
+            raise Conflict(f'The job is {job["status"]} and takes no more claims.', code='job_not_open')
+        require_open_deadline(job)
+        if db.value('''SELECT 1 FROM claims WHERE job_id = :job AND agent_id = :agent
+                       AND status IN ('claimed', 'delivered', 'disputed')''',
+                    {'job': job_id, 'agent': agent_id}):
+            raise Conflict('This agent already holds an active claim on the job.', code='already_claimed')
+        if job['claim_count'] >= job['max_workers']:
+            raise Conflict('Every worker slot of this job is taken.', code='already_claimed')
+        if agent['reputation'] < job['min_reputation']:
+            raise Forbidden(f'The job needs a reputation of {format_cents(job["min_reputation"])}; the '
+                            f'agent has {format_cents(agent["reputation"])}.', code='insufficient_reputation')
+        moment = now_iso()
+        claim = {'id': new_id(), 'job_id': job_id, 'agent_id': agent_id, 'status': 'claimed',
+                 'deliverable': None, 'delivered_at': None, 'verified_at': None, 'auto_approved': 0,
+                 'created_at': moment, 'updated_at': moment}
+        db.insert('claims', claim)
+        set_job_status(db, job_id, live_job_status(db, job))
+    return claim
+
+
+def deliver_claim(db, job_id, claim_id, deliverable, account):
+    """Attach a deliverable to a claim the caller's agent holds; return (claim, job)."""
+    with db.transaction():
+        job = get_job(db, job_id)
+        claim = get_claim(db, job_id, claim_id)
+        owner = db.value('SELECT account_id FROM agents WHERE id = :id', {'id': claim['agent_id']})
+        if owner != account['id']:
+            raise Forbidden("Only the owner of the claim's agent may deliver.")
+        if claim['status'] != 'claimed':
+            raise Conflict(f'The claim is {claim["status"]}; only a claimed claim can deliver.',
+                           code='already_delivered')
+        require_open_deadline(job)
+        set_claim_status(db, claim_id, 'delivered', deliverable=json.dumps(deliverable),
+                         delivered_at=now_iso())
+        set_job_status(db, job_id, live_job_status(db, job))
+    return get_claim(db, job_id, claim_id), get_job(db, job_id)
+
+
+def approve_claim(db, settings, job, claim, auto=False):
+    """Approve a delivered claim: pay the worker, supersede or keep the others, finish the job."""
+    agent = get_agent(db, claim['agent_id'])
+    total = cents_to_units(job['amount_cents'], job['currency'])
+    if job['competition_mode'] == 'all-paid':
+        amount = cents_to_units(job['amount_cents'] // job['max_workers'], job['currency'])
+    else:
+        amount = total
+    release_to_worker(db, settings, job, claim, agent, amount)
+    set_claim_status(db, claim['id'], 'approved', verified_at=now_iso(), auto_approved=int(auto))
+    adjust_reputation(db, agent['id'], 100, 'delivery approved', job['id'], claim['id'])
+    approved = db.value("SELECT count(*) FROM claims WHERE job_id = :id AND status = 'approved'",
+                        {'id': job['id']})
+    if job['competition_mode'] != 'all-paid' or approved >= job['max_workers']:
+        db.execute('''UPDATE claims SET status = 'superseded', updated_at = :now WHERE job_id = :id
+                      AND status IN ('claimed', 'delivered')''', {'id': job['id'], 'now': now_iso()})
+        refund_escrow(db, job)
+        set_job_status(db, job['id'], 'completed', 'released')
+    else:
+        set_job_status(db, job['id'], live_job_status(db, job))
+
+
+def reject_claim(db, job, claim):
+    """Reject a delivered claim: one worker ends the job and refunds it; more free the slot."""
+    set_claim_status(db, claim['id'], 'rejected', verified_at=now_iso())
+    adjust_reputation(db, claim['agent_id'], -25, 'delivery rejected', job['id'], claim['id'])
+    if job['max_workers'] == 1:
+        refund_escrow(db, job)
+        set_job_status(db, job['id'], 'rejected', 'refunded')
+    else:
+        set_job_status(db, job['id'], live_job_status(db, job))
+
+
+def verify_claim(db, settings, job_id, claim_id, approved, account):
+    """The requester's verdict on a delivery; return (job, claim, payments made)."""
+    with db.transaction():
+        job = get_job(db, job_id)
+        require_requester(job, account)
+        claim = get_claim(db, job_id, claim_id)
+        if claim['status'] != 'delivered':
+            raise Conflict(f'The claim is {claim["status"]}; only a delivered claim can be verified.',
+                           code='claim_not_delivered')
+        before = db.value('SELECT max(rowid) FROM payments')
+        if approved:
+            approve_claim(db, settings, job, claim)
+        else:
+            reject_claim(db, job, claim)
+        payments = db.rows('SELECT * FROM payments WHERE job_id = :id AND rowid > :before ORDER BY rowid',
+                           {'id': job_id, 'before': before or 0})
+    return get_job(db, job_id), get_claim(db, job_id, claim_id), payments
+
+
+def cancel_job(db, job_id, account):
+    """Cancel a job nobody holds a claim on, refunding its escrow."""
+    with db.transaction():
+        job = get_job(db, job_id)
+        require_requester(job, account)
+        if job['status'] != 'open' or job['claim_count'] or job['escrow_status'] != 'locked' or \
+                db.value("SELECT 1 FROM payments WHERE job_id = :id AND type = 'release'", {'id': job_id}):
+            raise Conflict(f'The job is {job["status"]} with {job["claim_count"]} active claim(s); only an '
+                           'open job with no active claim and nothing paid can be cancelled.',
+                           code='job_not_open')
+        refund_escrow(db, job)
+        set_job_status(db, job_id, 'cancelled', 'refunded')
+    return get_job(db, job_id)
+
+
+def list_jobs(db, *, category=None, status=None, min_pay=None, sort='newest', limit=50, offset=0):
+    """A page of jobs and the total that match the filters."""
+    where, params = [], {'limit': limit, 'offset': offset}
+    if category:
+        where.append('j.category = :category')
+        params['category'] = category
+    if status:
+        where.append('j.status = :status')
+        params['status'] = status
+    if min_pay is not None:
+        where.append('j.amount_cents >= :min_pay')
+        params['min_pay'] = min_pay
+    clause = (' WHERE ' + ' AND '.join(where)) if where else ''
+    total = db.value('SELECT count(*) FROM jobs j' + clause, params)
+    jobs = db.rows(f'{JOB_SELECT}{clause} ORDER BY {JOB_SORTS[sort]} LIMIT :limit OFFSET :offset', params)
+    return jobs, total
+
+
+def job_json(job, base_url):
+    return {
+        'id': job['id'],
+        'status': job['status'],
+        'title': job['title'],
+        'description': job['description'],
+        'category': job['category'],
+        'paymentAmount': format_cents(job['amount_cents']),
+        'paymentCurrency': job['currency'],
+        'paymentRail': job['rail'],
+        'requesterId': job['requester_id'],
+        'requirements': json.loads(job['requirements']),
+        'acceptanceCriteria': json.loads(job['acceptance_criteria']),
+        'maxWorkers': job['max_workers'],
+        'competitionMode': job['competition_mode'],
+        'deadline': job['deadline'],
+        'verificationWindowHours': job['verification_window_hours'],
+        'minReputation': format_cents(job['min_reputation']),
+        'escrowStatus': job['escrow_status'],
+        'escrowTxHash': job['escrow_tx_hash'],
+        'claimCount': job['claim_count'],
+        'createdAt': job['created_at'],
+        'updatedAt': job['updated_at'],
+        'url': f'{base_url}/jobs/{job["id"]}',
+    }
+
+
+def claim_json(claim):
+    return {
+        'id': claim['id'],
+        'jobId': claim['job_id'],
+        'agentId': claim['agent_id'],
+        'status': claim['status'],
+        'deliverable': json.loads(claim['deliverable']) if claim['deliverable'] else None,
+        'deliveredAt': claim['delivered_at'],
+        'verifiedAt': claim['verified_at'],
+        'autoApproved': bool(claim['auto_approved']),
+        'createdAt': claim['created_at'],
+        'updatedAt': claim['updated_at'],
+    }
+
+
+def payment_json(payment):
+    return {
+        'id': payment['id'],
+        'type': payment['type'],
+        'amount': format_units(payment['amount'], payment['currency']),
+        'currency': payment['currency'],
+        'rail': payment['rail'],
+        'status': payment['status'],
+        'recipient': payment['recipient'],
+        'txHash': payment['tx_hash'],
+        'createdAt': payment['created_at'],
+    }
+
+
+def read_deliverable(body):
+    """{claimId, deliverable: {type, url, notes?}}, or the alias {claimId, deliveryUrl, deliveryNotes,
+    artifactType}; return (claim id, deliverable)."""
+    form = Form(body)
+    claim_id = form.uuid('claimId', required=True)
+    if 'deliverable' in body or 'deliveryUrl' not in body:
+        raw = body.get('deliverable')
+        if not isinstance(raw, dict):
+            form.errors['deliverable'] = 'is required: an object {type, url}'
+            raw = {}
+        names = {'type': 'type', 'url': 'url', 'notes': 'notes'}
+        prefix = 'deliverable.'
+    else:
+        raw = body
+        names = {'type': 'artifactType', 'url': 'deliveryUrl', 'notes': 'deliveryNotes'}
+        prefix = ''
+    inner = Form({key: raw.get(name) for key, name in names.items()})
+    deliverable = {
+        'type': inner.text('type', default='url', max_len=50),
+        'url': inner.parsed('url', read_url, required=True),
+        'notes': inner.text('notes', max_len=5000, allow_empty=True),
+    }
+    for key, problem in inner.errors.items():
+        form.errors[prefix + names[key]] = problem
+    form.done()
+    return claim_id, {key: value for key, value in deliverable.items() if value is not None}
+
+
+###############################################################################
+# Routes ######################################################################
+###############################################################################
+
+ROUTES = []
+_READ = object()   # the default rate-limit class: 'read' for GET, none otherwise
+
+
+def route(method, path, limit=_READ):
+    """Register a handler for METHOD PATH with its rate-limit class (None: not limited)."""
+    def register(handler):
+        ROUTES.append((method, path, handler, ('read' if method == 'GET' else None) if limit is _READ else limit))
+        return handler
+    return register
+
+
+def service():
+    """The Service of the app handling this request."""
+    return request.app.service
+
+
+def page_params(query):
+    """limit (1..200, clamped above) and offset (>= 0) from the query string."""
+    def number(name, default):
+        raw = query.get(name)
+        if raw is None or raw == '':
+            return default
+        if not re.fullmatch(r'\d+', raw.strip()):
+            raise BadRequest(f'{name} must be a whole number of at least 0.', code='invalid_parameter',
+                             fields={name: 'must be a whole number'})
+        return int(raw)
+    limit, offset = number('limit', 50), number('offset', 0)
+    if limit < 1:
+        raise BadRequest('limit must be at least 1.', code='invalid_parameter', fields={'limit': 'must be 1 to 200'})
+    return min(limit, 200), offset
+
+
+def query_choice(query, name, options, default=None):
+    value = query.get(name) or default
+    if value is not None and value not in options:
+        raise BadRequest(f'{name} must be one of {", ".join(options)}.', code='invalid_parameter',
+                         fields={name: f'must be one of {", ".join(options)}'})
+    return value
+
+
+def query_min_pay(query):
+    raw = query.get('min_pay')
+    if raw is None or raw == '':
+        return None
+    try:
+        value = Decimal(raw.strip())
+    except InvalidOperation:
+        value = Decimal(-1)
+    if not value.is_finite() or value < 0:
+        raise BadRequest('min_pay must be a number of at least 0, such as 10.5.', code='invalid_parameter',
+                         fields={'min_pay': 'must be a number of at least 0'})
+    return int((value * 100).to_integral_value(rounding='ROUND_CEILING'))
+
+
+# System ----------------------------------------------------------------------
+
+@route('GET', '/api/health', limit=None)
+def health():
+    svc = service()
+    try:
+        connected = svc.db.value('SELECT 1') == 1
+    except apsw.Error:
+        connected = False
+    if not connected:
+        response.status = 503
+    return {'status': 'ok' if connected else 'unavailable', 'version': __version__,
+            'dbConnected': connected, 'payments': 'simulated'}
+
+
+@route('GET', '/api/stats')
+def stats():
+    db = service().db
+    counts = db.row('''SELECT count(*) AS total,
+        coalesce(sum(status = 'open'), 0) AS open, coalesce(sum(status = 'completed'), 0) AS completed
+        FROM jobs''')
+    released = {row['currency']: row['amount'] for row in db.rows(
+        "SELECT currency, sum(amount) AS amount FROM payments WHERE type = 'release' GROUP BY currency")}
+    return {
+        'totalJobs': counts['total'],
+        'totalAgents': db.value('SELECT count(*) FROM agents'),
+        'totalUSDC': format_units(released.get('USDC', 0), 'USDC'),
+        'totalUSD': format_units(released.get('USD', 0), 'USD'),
+        'openJobs': counts['open'],
+        'completedJobs': counts['completed'],
+        'openDisputes': 0,        # disputes arrive with community arbitration
+        'totalArbitrators': 0,
+    }
+
+
+# Accounts and agents ---------------------------------------------------------
+
+def require_open_registration():
+    if not service().settings.open_registration:
+        raise Forbidden('Open registration is turned off here; ask the operator for an API key.',
+                        code='registration_closed')
+
+
+@route('POST', '/api/accounts', limit='registration')
+def post_account():
+    require_open_registration()
+    form = Form(read_json_body())
+    name = form.text('name', required=True, max_len=100)
+    form.done()
+    account, key = create_account(service().db, name)
+    response.status = 201
+    return {'account': {'id': account['id'], 'name': account['name'], 'role': account['role']},
+            'apiKey': key}
+
+
+@route('POST', '/api/agents/register', limit='registration')
+def post_agent_register():
+    require_open_registration()
+    fields = read_agent_body(read_json_body())
+    db = service().db
+    with db.transaction():
+        account, key = create_account(db, fields['name'])
+        agent, secret = create_agent(db, account['id'], fields)
+    response.status = 201
+    return {'agent': agent_json(agent, account), 'apiKey': key, 'webhookSecret': secret}
+
+
+@route('POST', '/api/agents', limit='agents_create')
+def post_agent():
+    account = require_account()
+    agent, secret = create_agent(service().db, account['id'], read_agent_body(read_json_body()))
+    response.status = 201
+    return {'agent': agent_json(agent, account), 'webhookSecret': secret}
+
+
+@route('GET', '/api/agents')
+def list_agents():
+    query = request.query
+    sort = query_choice(query, 'sort', tuple(AGENT_SORTS), 'reputation')
+    limit, offset = page_params(query)
+    db = service().db
+    agents = db.rows(f'{AGENT_SELECT} ORDER BY {AGENT_SORTS[sort]} LIMIT :limit OFFSET :offset',
+                     {'limit': limit, 'offset': offset})
+    viewer = caller()
+    return {'agents': [agent_json(agent, viewer) for agent in agents],
+            'total': db.value('SELECT count(*) FROM agents'), 'limit': limit, 'offset': offset}
+
+
+@route('GET', '/api/agents/<agent_id>')
+def show_agent(agent_id):
+    db = service().db
+    agent = get_agent(db, parse_uuid(agent_id, 'agentId'))
+    claims = db.rows('SELECT * FROM claims WHERE agent_id = :id ORDER BY created_at DESC, rowid DESC LIMIT 50',
+                     {'id': agent['id']})
+    history = db.rows('''SELECT * FROM reputation_events WHERE agent_id = :id
+                         ORDER BY created_at DESC, rowid DESC LIMIT 200''', {'id': agent['id']})
+    return {'agent': agent_json(agent, caller()), 'claims': [claim_json(c) for c in claims],
+            'reputationHistory': [reputation_json(e) for e in history]}
+
+
+# Jobs ------------------------------------------------------------------------
+
+@route('GET', '/api/jobs')
+def get_jobs():
+    query = request.query
+    limit, offset = page_params(query)
+    jobs, total = list_jobs(
+        service().db, category=query_choice(query, 'category', CATEGORIES),
+        status=query_choice(query, 'status', JOB_STATUSES), min_pay=query_min_pay(query),
+        sort=query_choice(query, 'sort', tuple(JOB_SORTS), 'newest'), limit=limit, offset=offset)
+    base = service().settings.base_url
+    return {'jobs': [job_json(job, base) for job in jobs], 'total': total, 'limit': limit, 'offset': offset}
+
+
+@route('POST', '/api/jobs', limit='jobs_create')
+def post_job():
+    account = require_account()
+    svc = service()
+    job = create_job(svc.db, read_job_body(read_json_body(), account))
+    response.status = 201
+    return {'job': job_json(job, svc.settings.base_url)}
+
+
+@route('GET', '/api/jobs/<job_id>')
+def show_job(job_id):
+    svc = service()
+    job = get_job(svc.db, parse_uuid(job_id, 'jobId'))
+    claims = svc.db.rows('SELECT * FROM claims WHERE job_id = :id ORDER BY created_at, rowid', {'id': job['id']})
+    payments = svc.db.rows('SELECT * FROM payments WHERE job_id = :id ORDER BY rowid', {'id': job['id']})
+    return {'job': job_json(job, svc.settings.base_url), 'claims': [claim_json(c) for c in claims],
+            'payments': [payment_json(p) for p in payments]}
+
+
+@route('POST', '/api/jobs/<job_id>/claim', limit='job_action')
+def post_claim(job_id):
+    account = require_account()
+    job_id = parse_uuid(job_id, 'jobId')
+    body = read_json_body() if request.content_length else {}
+    form = Form(body)
+    agent_id = form.uuid('agentId')
+    form.done()
+    svc = service()
+    if agent_id is None:
+        owned = [row['id'] for row in svc.db.rows('SELECT id FROM agents WHERE account_id = :id LIMIT 2',
+                                                  {'id': account['id']})]
+        if len(owned) != 1:
+            raise ValidationFailed('Say which agent claims the job.', fields={
+                'agentId': 'is required: your account owns ' + ('no agent' if not owned else 'several agents')})
+        agent_id = owned[0]
+    claim = claim_job(svc.db, job_id, agent_id, account)
+    response.status = 201
+    return {'claim': claim_json(claim), 'job': job_json(get_job(svc.db, job_id), svc.settings.base_url)}
+
+
+@route('POST', '/api/jobs/<job_id>/deliver', limit='job_action')
+@route('POST', '/api/jobs/<job_id>/submit', limit='job_action')
+def post_delivery(job_id):
+    account = require_account()
+    job_id = parse_uuid(job_id, 'jobId')
+    claim_id, deliverable = read_deliverable(read_json_body())
+    svc = service()
+    claim, job = deliver_claim(svc.db, job_id, claim_id, deliverable, account)
+    return {'claim': claim_json(claim), 'job': job_json(job, svc.settings.base_url)}
+
+
+@route('POST', '/api/jobs/<job_id>/verify', limit='job_action')
+def post_verify(job_id):
+    account = require_account()
+    job_id = parse_uuid(job_id, 'jobId')
+    form = Form(read_json_body())
+    claim_id = form.uuid('claimId', required=True)
+    approved = form.boolean('approved', required=True)
+    form.text('reason', max_len=5000, allow_empty=True)
+    form.done()
+    svc = service()
+    job, claim, payments = verify_claim(svc.db, svc.settings, job_id, claim_id, approved, account)
+    return {'job': job_json(job, svc.settings.base_url), 'claim': claim_json(claim),
+            'escrowStatus': job['escrow_status'], 'payments': [payment_json(p) for p in payments]}
+
+
+@route('POST', '/api/jobs/<job_id>/cancel', limit='job_action')
+def post_cancel(job_id):
+    account = require_account()
+    svc = service()
+    job = cancel_job(svc.db, parse_uuid(job_id, 'jobId'), account)
+    return {'job': job_json(job, svc.settings.base_url)}
+
+
+###############################################################################
+# The application #############################################################
+###############################################################################
+
+JSON_TYPE = 'application/json; charset=utf-8'
+
+
+def json_bytes(body):
+    return json.dumps(body, ensure_ascii=False, separators=(',', ':')).encode('utf-8')
+
+
+def send_error(error):
+    """Turn an APIError into the JSON answer, keeping headers already set (rate limits)."""
+    response.status = error.status
+    response.content_type = JSON_TYPE
+    for name, value in error.headers.items():
+        response.set_header(name, value)
+    return json_bytes(error.body())
+
+
+class Service:
+    """What the handlers share: settings, the database and the rate limiter."""
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.db = Database(settings.db)
+        self.db.migrate()
+        if settings.admin_key:
+            ensure_admin_key(self.db, settings.admin_key)
+        self.limiter = RateLimiter(settings.rate_limit_scale)
+
+    def close(self):
+        self.db.close()
+
+
+def make_app(settings):
+    """The WSGI app for these settings: routes, JSON errors and rate limits; no side effect on import."""
+    app = bottle.Bottle(catchall=True)
+    app.service = Service(settings)
+    static_methods = {}
+    for method, path, _, _ in ROUTES:
+        if '<' not in path:
+            static_methods.setdefault(path, set()).add(method)
+
+    def api(handler, bucket):
+        def wrapper(**params):
+            try:
+                if request.content_length > MAX_BODY:
+                    raise BodyTooLarge()
+                # A static path of another method wins over a dynamic one: GET /api/jobs/expire is a 405.
+                allowed = static_methods.get(request.path)
+                if allowed and request.route.rule != request.path:
+                    raise MethodNotAllowed(allowed | ({'HEAD'} if 'GET' in allowed else set()))
+                if bucket and settings.rate_limits == 'on' and not is_admin(caller()):
+                    ok, headers = app.service.limiter.hit(bucket, client_ip())
+                    for name, value in headers.items():
+                        response.set_header(name, value)
+                    if not ok:
+                        raise RateLimited(f'Too many requests; try again in {headers["Retry-After"]} seconds.')
+                result = handler(**params)
+            except APIError as error:
+                return send_error(error)
+            except apsw.BusyError:
+                log.warning('database busy: %s %s', request.method, request.path)
+                return send_error(Unavailable('The database is busy; retry in a moment.',
+                                              headers={'Retry-After': '1'}))
+            if isinstance(result, dict):
+                response.content_type = JSON_TYPE
+                return json_bytes(result)
+            return result
+        return wrapper
+
+    for method, path, handler, bucket in ROUTES:
+        app.route(path, method, api(handler, bucket), name=handler.__name__)
+
+    def error_page(error):
+        if error.status_code >= 500:
+            log.error('%s %s failed: %s\n%s', request.method, request.path, error.exception, error.traceback)
+            message = 'The server failed to answer; the failure is logged.'
+        elif error.status_code == 404:
+            message = 'There is no such endpoint; see /api/openapi.json.'
+        elif error.status_code == 405:
+            message = f'This path accepts only {error.headers.get("Allow", "other methods")}.'
+        else:
+            message = str(error.body or 'The request failed.')
+        response.content_type = JSON_TYPE
+        return json_bytes({'error': message, 'code': STATUS_CODES.get(error.status_code, 'error'),
+                           'status': error.status_code})
+
+    app.default_error_handler = error_page
+    return app
+
+
+def call_app(app, method, path, body=None, key=None, headers=None):
+    """Run one request through the WSGI app in-process; return (status, headers, decoded body)."""
+    raw = body if isinstance(body, bytes) else (b'' if body is None else json.dumps(body).encode('utf-8'))
+    path, _, query = path.partition('?')
+    environ = {
+        'REQUEST_METHOD': method, 'PATH_INFO': path, 'QUERY_STRING': query, 'SERVER_NAME': '127.0.0.1',
+        'SERVER_PORT': '8080', 'SERVER_PROTOCOL': 'HTTP/1.1', 'REMOTE_ADDR': '127.0.0.1',
+        'wsgi.url_scheme': 'http', 'wsgi.input': io.BytesIO(raw), 'wsgi.errors': sys.stderr,
+        'wsgi.version': (1, 0), 'wsgi.multithread': False, 'wsgi.multiprocess': False,
+        'wsgi.run_once': False, 'CONTENT_LENGTH': str(len(raw)), 'CONTENT_TYPE': 'application/json',
+    }
+    if key:
+        environ['HTTP_AUTHORIZATION'] = f'Bearer {key}'
+    for name, value in (headers or {}).items():
+        environ['HTTP_' + name.upper().replace('-', '_')] = value
+    outcome = {}
+
+    def start_response(status, response_headers, exc_info=None):
+        outcome['status'] = int(status.split()[0])
+        outcome['headers'] = dict(response_headers)
+
+    data = b''.join(app(environ, start_response))
+    content_type = outcome['headers'].get('Content-Type', '')
+    decoded = json.loads(data) if content_type.startswith('application/json') and data else data
+    return outcome['status'], outcome['headers'], decoded
+
+
+###############################################################################
+# Demo data ###################################################################
+###############################################################################
+
+def seed(db_settings, fixtures_path, out=print):
+    """Load the demo fixtures through the API itself; print the demo keys; return them by name."""
+    settings = Settings(**dict(vars(db_settings), rate_limits='off'))
+    app = make_app(settings)
+    db = app.service.db
+    if db.value('SELECT count(*) FROM accounts WHERE role = \'member\''):
+        raise RuntimeError(f'{settings.db} already holds accounts; seed only a new database')
+    fixtures = json.loads(Path(fixtures_path).read_text())
+    keys, agents, owners = {}, {}, {}
+
+    def call(method, path, body, key):
+        status, _, answer = call_app(app, method, path, body, key)
+        if status >= 300:
+            raise RuntimeError(f'fixture call {method} {path} failed: {status} {answer}')
+        return answer
+
+    for account in fixtures['accounts']:
+        keys[account['name']] = create_account(db, account['name'], account.get('role', 'member'))[1]
+    for agent in fixtures['agents']:
+        agent = dict(agent)
+        owners[agent['name']] = keys[agent.pop('owner')]
+        agents[agent['name']] = call('POST', '/api/agents', agent, owners[agent['name']])['agent']['id']
+    for job in fixtures['jobs']:
+        job = dict(job)
+        requester, story = job.pop('requester'), job.pop('story', [])
+        job['deadline'] = iso(now() + timedelta(hours=job.pop('deadlineInHours')))
+        job_id = call('POST', '/api/jobs', job, keys[requester])['job']['id']
+        claim_id = None
+        for step in story:
+            action, value = next(iter(step.items()))
+            if action == 'claim':
+                owner_key = owners[value]
+                claim_id = call('POST', f'/api/jobs/{job_id}/claim', {'agentId': agents[value]}, owner_key)['claim']['id']
+            elif action == 'deliver':
+                call('POST', f'/api/jobs/{job_id}/deliver', {'claimId': claim_id, 'deliverable': value}, owner_key)
+            elif action == 'verify':
+                call('POST', f'/api/jobs/{job_id}/verify', {'claimId': claim_id, 'approved': value}, keys[requester])
+            elif action == 'cancel':
+                call('POST', f'/api/jobs/{job_id}/cancel', {}, keys[requester])
+    app.service.close()
+    out(f'Seeded {settings.db}: {len(fixtures["accounts"])} accounts, {len(agents)} agents, '
+        f'{len(fixtures["jobs"])} jobs.')
+    out('Demo API keys (shown once; use them as "Authorization: Bearer <key>"):')
+    for name, key in keys.items():
+        out(f'  {name:<20} {key}')
+    return keys
+
+
+###############################################################################
+# The server ##################################################################
+###############################################################################
+
+def make_server(app, settings):
+    """gevent's WSGI server with TCP_NODELAY on every accepted connection.
+
+    Without it a kept-alive client waits ~40 ms per request: Nagle's algorithm holds the response's
+    last segment until the client's delayed ACK arrives.
+    """
+    from gevent.pywsgi import WSGIServer
+
+    class Server(WSGIServer):
+        def handle(self, sock, address):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            super().handle(sock, address)
+
+    return Server((settings.host, settings.port), app, log=logging.getLogger('marketplace.access'),
+                  error_log=logging.getLogger('marketplace.server'))
+
+
+def serve(settings):
+    """Serve until SIGTERM or SIGINT, then finish requests in flight and exit 0."""
+    import gevent
+    app = make_app(settings)
+    server = make_server(app, settings)
+
+    def stop(signum):
+        log.info('signal %s: stopping (finishing requests in flight)', signum)
+        gevent.spawn(server.stop, timeout=settings.shutdown_timeout)
+
+    gevent.signal_handler(signal.SIGTERM, stop, signal.SIGTERM)
+    gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)
+    server.start()
+    log.info('marketplace %s serving on http://%s:%s (database %s, payments simulated)',
+             __version__, settings.host, server.server_port, settings.db)
+    server.serve_forever()
+    app.service.close()
+    log.info('stopped')
+
+
+###############################################################################
+# Command line ################################################################
+###############################################################################
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog='marketplace.py', description=__doc__.split('\n')[0])
+    commands = parser.add_subparsers(dest='command', required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    add_setting_flags(common)
+    commands.add_parser('serve', parents=[common], help='serve the API')
+    seeding = commands.add_parser('seed', parents=[common], help='load the demo fixtures into a new database')
+    seeding.add_argument('--fixtures', default=str(HERE / 'fixtures' / 'demo.json'))
+    backup = commands.add_parser('backup', parents=[common], help='online backup of the database to PATH')
+    backup.add_argument('path')
+    commands.add_parser('check-ledger', parents=[common], help='check that every job balances')
+    keys = commands.add_parser('keys', help='manage API keys').add_subparsers(dest='keys_command', required=True)
+    create = keys.add_parser('create', parents=[common], help='create an account and print its key')
+    create.add_argument('--name', required=True)
+    create.add_argument('--admin', action='store_true', help='give the account the admin role')
+    keys.add_parser('list', parents=[common], help='list keys (prefixes only)')
+    revoke = keys.add_parser('revoke', parents=[common], help='revoke a key by its id')
+    revoke.add_argument('key_id')
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(name)s %(levelname)s %(message)s')
+    try:
+        settings = load_settings({s.name: getattr(args, s.name, None) for s in SETTINGS})
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.command == 'serve':
+        try:
+            serve(settings)
+        except ValueError as exc:
+            parser.error(str(exc))
+        return 0
+    if args.command == 'seed':
+        seed(settings, args.fixtures)
+        return 0
+    db = Database(settings.db)
+    db.migrate()
+    if args.command == 'backup':
+        db.backup(args.path)
+        print(f'Backed up {settings.db} to {args.path}')
+    elif args.command == 'check-ledger':
+        problems = ledger_problems(db)
+        print('\n'.join(problems) if problems else 'The ledger balances.')
+        return 1 if problems else 0
+    elif args.keys_command == 'create':
+        account, key = create_account(db, args.name, 'admin' if args.admin else 'member')
+        print(f'account {account["id"]} ({account["role"]}) {account["name"]}\n{key}')
+    elif args.keys_command == 'list':
+        for row in db.rows('''SELECT k.id, k.prefix, k.created_at, k.revoked_at, a.name, a.role
+                              FROM api_keys k JOIN accounts a ON a.id = k.account_id ORDER BY k.created_at'''):
+            state = f'revoked {row["revoked_at"]}' if row['revoked_at'] else 'live'
+            print(f'{row["id"]}  {row["prefix"]:<12} {row["role"]:<6} {row["name"]:<24} {state}')
+    elif args.keys_command == 'revoke':
+        with db.transaction():
+            changed = db.execute('UPDATE api_keys SET revoked_at = :now WHERE id = :id AND revoked_at IS NULL',
+                                 {'now': now_iso(), 'id': args.key_id})
+        print('revoked' if changed else 'no live key has that id')
+        return 0 if changed else 1
+    db.close()
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,127 @@
+-- The marketplace's whole state. Idempotent: applied at every start, after the migrations in
+-- marketplace.py have brought an older database up to the shape below.
+-- Money is integer units of the currency (USD cents, USDC base units with 6 decimals).
+-- Times are ISO 8601 UTC text with milliseconds and a Z ('2026-11-21T16:40:00.000Z'), which sorts.
+
+CREATE TABLE IF NOT EXISTS accounts (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    role        TEXT NOT NULL CHECK (role IN ('admin', 'member')),
+    created_at  TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS api_keys (
+    id          TEXT PRIMARY KEY,
+    account_id  TEXT NOT NULL REFERENCES accounts(id),
+    key_hash    TEXT NOT NULL UNIQUE,          -- SHA-256 hex of the key; the key itself is never stored
+    prefix      TEXT NOT NULL,                 -- first characters, to tell keys apart in `keys list`
+    created_at  TEXT NOT NULL,
+    revoked_at  TEXT
+);
+
+CREATE TABLE IF NOT EXISTS agents (
+    id                TEXT PRIMARY KEY,
+    account_id        TEXT NOT NULL REFERENCES accounts(id),
+    name              TEXT NOT NULL,
+    description       TEXT NOT NULL DEFAULT '',
+    wallet_address    TEXT,
+    webhook_url       TEXT,
+    webhook_secret    TEXT NOT NULL,
+    capabilities      TEXT NOT NULL DEFAULT '{}',   -- JSON
+    pricing           TEXT NOT NULL DEFAULT '{}',   -- JSON
+    reputation        INTEGER NOT NULL DEFAULT 0 CHECK (reputation >= 0),  -- hundredths
+    created_at        TEXT NOT NULL,
+    updated_at        TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS agents_account ON agents(account_id);
+CREATE INDEX IF NOT EXISTS agents_reputation ON agents(reputation DESC, created_at);
+
+CREATE TABLE IF NOT EXISTS reputation_events (
+    id           TEXT PRIMARY KEY,
+    agent_id     TEXT NOT NULL REFERENCES agents(id),
+    delta        INTEGER NOT NULL,              -- nominal change, hundredths
+    reason       TEXT NOT NULL,
+    job_id       TEXT REFERENCES jobs(id),
+    claim_id     TEXT REFERENCES claims(id),
+    score_after  INTEGER NOT NULL,
+    created_at   TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reputation_events_agent ON reputation_events(agent_id, created_at);
+
+CREATE TABLE IF NOT EXISTS jobs (
+    id                        TEXT PRIMARY KEY,
+    status                    TEXT NOT NULL CHECK (status IN
+        ('open', 'claimed', 'delivered', 'disputed', 'completed', 'rejected', 'refunded',
+         'expired', 'cancelled')),
+    title                     TEXT NOT NULL,
+    description               TEXT NOT NULL,
+    category                  TEXT NOT NULL,
+    amount_cents              INTEGER NOT NULL CHECK (amount_cents > 0),   -- the price, in cents of the currency
+    currency                  TEXT NOT NULL CHECK (currency IN ('USDC', 'USD')),
+    rail                      TEXT NOT NULL CHECK (rail IN ('base', 'stripe')),
+    requester_id              TEXT NOT NULL REFERENCES accounts(id),
+    requirements              TEXT NOT NULL DEFAULT '{}',   -- JSON object
+    acceptance_criteria       TEXT NOT NULL DEFAULT '[]',   -- JSON array
+    max_workers               INTEGER NOT NULL DEFAULT 1,
+    competition_mode          TEXT NOT NULL DEFAULT 'first-wins',
+    deadline                  TEXT NOT NULL,
+    verification_window_hours INTEGER NOT NULL DEFAULT 24,
+    min_reputation            INTEGER NOT NULL DEFAULT 0,   -- hundredths
+    escrow_status             TEXT NOT NULL CHECK (escrow_status IN ('locked', 'released', 'refunded')),
+    escrow_tx_hash            TEXT,
+    created_at                TEXT NOT NULL,
+    updated_at                TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_status_created ON jobs(status, created_at);
+CREATE INDEX IF NOT EXISTS jobs_created ON jobs(created_at);
+CREATE INDEX IF NOT EXISTS jobs_category_amount ON jobs(category, amount_cents);
+CREATE INDEX IF NOT EXISTS jobs_amount ON jobs(amount_cents);
+CREATE INDEX IF NOT EXISTS jobs_requester ON jobs(requester_id);
+
+CREATE TABLE IF NOT EXISTS claims (
+    id             TEXT PRIMARY KEY,
+    job_id         TEXT NOT NULL REFERENCES jobs(id),
+    agent_id       TEXT NOT NULL REFERENCES agents(id),
+    status         TEXT NOT NULL CHECK (status IN
+        ('claimed', 'delivered', 'approved', 'rejected', 'disputed', 'expired', 'superseded')),
+    deliverable    TEXT,                        -- JSON object once delivered
+    delivered_at   TEXT,
+    verified_at    TEXT,
+    auto_approved  INTEGER NOT NULL DEFAULT 0,
+    created_at     TEXT NOT NULL,
+    updated_at     TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS claims_job ON claims(job_id, status);
+CREATE INDEX IF NOT EXISTS claims_agent ON claims(agent_id, created_at);
+
+-- A payment record is one movement of money; its two ledger entries are the double entry.
+CREATE TABLE IF NOT EXISTS payments (
+    id          TEXT PRIMARY KEY,
+    job_id      TEXT NOT NULL REFERENCES jobs(id),
+    claim_id    TEXT REFERENCES claims(id),
+    type        TEXT NOT NULL CHECK (type IN ('escrow', 'release', 'refund', 'fee')),
+    amount      INTEGER NOT NULL CHECK (amount >= 0),
+    currency    TEXT NOT NULL,
+    rail        TEXT NOT NULL,
+    status      TEXT NOT NULL,                  -- simulated | pending | confirmed | failed
+    recipient   TEXT,
+    tx_hash     TEXT,
+    created_at  TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS payments_job ON payments(job_id, created_at);
+
+-- Ledger accounts: 'funding:<account id>' (where a requester's money comes from and returns to),
+-- 'escrow:<job id>', 'worker:<agent id>', 'fees'. Each payment writes one debit and one credit.
+CREATE TABLE IF NOT EXISTS ledger_entries (
+    id          INTEGER PRIMARY KEY,
+    payment_id  TEXT NOT NULL REFERENCES payments(id),
+    job_id      TEXT NOT NULL REFERENCES jobs(id),
+    account     TEXT NOT NULL,
+    amount      INTEGER NOT NULL,               -- positive credits the account, negative debits it
+    currency    TEXT NOT NULL,
+    created_at  TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ledger_entries_job ON ledger_entries(job_id);
+CREATE INDEX IF NOT EXISTS ledger_entries_account ON ledger_entries(account);
+
+PRAGMA user_version = 1;
