@@ -1,0 +1,225 @@
+"""Shared test fixtures: an in-process app on a temporary database, factories, and a real server."""
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import marketplace as mp  # noqa: E402
+
+ADMIN_KEY = 'test-admin-key-' + 'a' * 32
+
+
+class Response:
+    """What one in-process request answered."""
+
+    def __init__(self, status, headers, body):
+        self.status = status
+        self.headers = headers
+        self.json = body if isinstance(body, (dict, list)) else None
+        self.body = body
+
+    def __repr__(self):
+        return f'<Response {self.status} {self.json if self.json is not None else self.body!r:.200}>'
+
+
+class Client:
+    """Calls the WSGI app in-process, as a caller with an optional API key would."""
+
+    def __init__(self, app):
+        self.app = app
+
+    def request(self, method, path, body=None, key=None, headers=None):
+        return Response(*mp.call_app(self.app, method, path, body, key, headers))
+
+    def get(self, path, **kwargs):
+        return self.request('GET', path, **kwargs)
+
+    def post(self, path, body=None, **kwargs):
+        return self.request('POST', path, body, **kwargs)
+
+    def patch(self, path, body=None, **kwargs):
+        return self.request('PATCH', path, body, **kwargs)
+
+    def delete(self, path, **kwargs):
+        return self.request('DELETE', path, **kwargs)
+
+
+def random_wallet():
+    return '0x' + secrets.token_hex(20)
+
+
+def in_hours(hours):
+    return mp.iso(mp.now() + timedelta(hours=hours))
+
+
+def make_account(client, name='someone'):
+    """A member account through open registration: (account, key)."""
+    answer = client.post('/api/accounts', {'name': name})
+    assert answer.status == 201, answer
+    return answer.json['account'], answer.json['apiKey']
+
+
+def make_agent(client, key, **overrides):
+    """An agent owned by the key's account: (agent, webhookSecret)."""
+    body = {'name': 'agent', 'walletAddress': random_wallet(),
+            'capabilities': {'categories': ['code'], 'languages': ['python']}}
+    body.update(overrides)
+    answer = client.post('/api/agents', body, key=key)
+    assert answer.status == 201, answer
+    return answer.json['agent'], answer.json['webhookSecret']
+
+
+def job_body(**overrides):
+    body = {'title': 'Fix the flaky test', 'description': 'It fails one run in ten.', 'category': 'code',
+            'paymentAmount': '25.00', 'deadline': in_hours(48)}
+    body.update(overrides)
+    return body
+
+
+def make_job(client, key, **overrides):
+    answer = client.post('/api/jobs', job_body(**overrides), key=key)
+    assert answer.status == 201, answer
+    return answer.json['job']
+
+
+class Market:
+    """A requester, a worker account with one agent, and shortcuts through a job's life."""
+
+    def __init__(self, client):
+        self.client = client
+        self.requester, self.requester_key = make_account(client, 'requester')
+        self.worker, self.worker_key = make_account(client, 'worker')
+        self.agent, self.webhook_secret = make_agent(client, self.worker_key, name='worker-agent')
+
+    def job(self, **overrides):
+        return make_job(self.client, self.requester_key, **overrides)
+
+    def claim(self, job, agent=None, key=None):
+        answer = self.client.post(f'/api/jobs/{job["id"]}/claim', {'agentId': (agent or self.agent)['id']},
+                                  key=key or self.worker_key)
+        assert answer.status == 201, answer
+        return answer.json['claim']
+
+    def deliver(self, job, claim, key=None):
+        answer = self.client.post(f'/api/jobs/{job["id"]}/deliver',
+                                  {'claimId': claim['id'], 'deliverable': {'type': 'url', 'url': 'https://example.com/out'}},
+                                  key=key or self.worker_key)
+        assert answer.status == 200, answer
+        return answer.json['claim']
+
+    def delivered_job(self, **overrides):
+        """A job with one delivered claim: (job, claim)."""
+        job = self.job(**overrides)
+        claim = self.deliver(job, self.claim(job))
+        return job, claim
+
+    def verify(self, job, claim, approved, key=None):
+        return self.client.post(f'/api/jobs/{job["id"]}/verify', {'claimId': claim['id'], 'approved': approved},
+                                key=key or self.requester_key)
+
+    def get_job(self, job):
+        answer = self.client.get(f'/api/jobs/{job["id"]}')
+        assert answer.status == 200, answer
+        return answer.json
+
+
+@pytest.fixture(autouse=True)
+def real_clock():
+    """Every test starts and ends with the real clock."""
+    mp.CLOCK.set(None)
+    yield mp.CLOCK
+    mp.CLOCK.set(None)
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return mp.Settings(db=str(tmp_path / 'test.db'), rate_limits='off', admin_key=ADMIN_KEY,
+                       public_url='http://market.test')
+
+
+@pytest.fixture
+def app(settings):
+    """The app on a fresh database; after the test, the ledger must balance."""
+    app = mp.make_app(settings)
+    yield app
+    problems = mp.ledger_problems(app.service.db)
+    app.service.close()
+    assert problems == []
+
+
+@pytest.fixture
+def client(app):
+    return Client(app)
+
+
+@pytest.fixture
+def market(client):
+    return Market(client)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+class LiveServer:
+    """`marketplace.py serve` as a real process on 127.0.0.1."""
+
+    def __init__(self, db, extra_args=(), env=None):
+        self.db = str(db)
+        self.port = free_port()
+        self.url = f'http://127.0.0.1:{self.port}'
+        self.extra_args = list(extra_args)
+        self.env = dict(os.environ, MARKETPLACE_ADMIN_KEY=ADMIN_KEY, MARKETPLACE_RATE_LIMITS='off', **(env or {}))
+        self.process = None
+
+    def start(self):
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / 'marketplace.py'), 'serve', '--db', self.db, '--port', str(self.port),
+             *self.extra_args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f'server exited: {self.process.stdout.read().decode()}')
+            try:
+                if requests.get(self.url + '/api/health', timeout=1).status_code == 200:
+                    return self
+            except requests.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError('server did not start in 15 s')
+
+    def kill(self):
+        """SIGKILL: no chance to clean up."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def terminate(self, timeout=15):
+        """SIGTERM, then the exit code."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def output(self):
+        return self.process.stdout.read().decode()
+
+
+@pytest.fixture
+def live_server(tmp_path):
+    """A running server on a fresh database; stopped after the test."""
+    server = LiveServer(tmp_path / 'live.db').start()
+    yield server
+    if server.process.poll() is None:
+        server.process.kill()
+        server.process.wait(10)
