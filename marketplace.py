@@ -605,8 +605,11 @@ def read_hundredths(value):
     return int((number * 100).to_integral_value(rounding=ROUND_DOWN))
 
 
-def read_json_body():
-    """The request body as a dict: 413 over 1 MiB, 400 unless it is one JSON object."""
+def read_json_body(optional=False):
+    """The request body as a dict: 413 over 1 MiB, 400 unless it is one JSON object.
+
+    With `optional`, an empty body is an empty object.
+    """
     length = request.content_length
     if length > MAX_BODY:
         raise BodyTooLarge()
@@ -615,6 +618,8 @@ def read_json_body():
     if len(raw) > MAX_BODY:
         raise BodyTooLarge()
     if not raw.strip():
+        if optional:
+            return {}
         raise InvalidJSON('The request body is empty; send a JSON object.')
     try:
         body = json.loads(raw)
@@ -1565,8 +1570,7 @@ def show_job(job_id):
 def post_claim(job_id):
     account = require_account()
     job_id = parse_uuid(job_id, 'jobId')
-    body = read_json_body() if request.content_length else {}
-    form = Form(body)
+    form = Form(read_json_body(optional=True))
     agent_id = form.uuid('agentId')
     form.done()
     svc = service()
@@ -1646,6 +1650,7 @@ class Service:
         if settings.admin_key:
             ensure_admin_key(self.db, settings.admin_key)
         self.limiter = RateLimiter(settings.rate_limit_scale)
+        self.in_flight = 0
 
     def close(self):
         self.db.close()
@@ -1662,6 +1667,13 @@ def make_app(settings):
 
     def api(handler, bucket):
         def wrapper(**params):
+            app.service.in_flight += 1
+            try:
+                return answer(params)
+            finally:
+                app.service.in_flight -= 1
+
+        def answer(params):
             try:
                 if request.content_length > MAX_BODY:
                     raise BodyTooLarge()
@@ -1815,9 +1827,16 @@ def serve(settings):
     app = make_app(settings)
     server = make_server(app, settings)
 
+    def finish_and_stop():
+        server.close()    # stop accepting; then wait for requests in flight, not for idle keep-alives
+        deadline = gevent.get_hub().loop.now() + settings.shutdown_timeout
+        while app.service.in_flight and gevent.get_hub().loop.now() < deadline:
+            gevent.sleep(0.02)
+        server.stop(timeout=0)
+
     def stop(signum):
-        log.info('signal %s: stopping (finishing requests in flight)', signum)
-        gevent.spawn(server.stop, timeout=settings.shutdown_timeout)
+        log.info('signal %s: stopping (finishing %d request(s) in flight)', signum, app.service.in_flight)
+        gevent.spawn(finish_and_stop)
 
     gevent.signal_handler(signal.SIGTERM, stop, signal.SIGTERM)
     gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)

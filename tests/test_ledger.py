@@ -1,0 +1,96 @@
+"""The double-entry ledger: it balances after every operation, and the check catches each way it can break."""
+
+import marketplace as mp
+
+
+def entries(app, job):
+    return app.service.db.rows('SELECT account, amount, currency FROM ledger_entries WHERE job_id = :id ORDER BY id',
+                               {'id': job['id']})
+
+
+def test_a_job_locks_its_price_from_the_requester(app, market):
+    job = market.job(paymentAmount='25.00')
+    assert entries(app, job) == [
+        {'account': f'funding:{market.requester["id"]}', 'amount': -25_000_000, 'currency': 'USDC'},
+        {'account': f'escrow:{job["id"]}', 'amount': 25_000_000, 'currency': 'USDC'},
+    ]
+    assert mp.escrow_balance(app.service.db, job['id']) == 25_000_000
+
+
+def test_usd_is_kept_in_cents(app, market):
+    job = market.job(paymentAmount='60.10', paymentCurrency='USD')
+    assert [e['amount'] for e in entries(app, job)] == [-6010, 6010]
+    assert market.get_job(job)['payments'][0]['amount'] == '60.10'
+
+
+def test_release_moves_escrow_to_the_worker(app, market):
+    job, claim = market.delivered_job(paymentAmount='25.00')
+    market.verify(job, claim, True)
+    assert entries(app, job)[2:] == [
+        {'account': f'escrow:{job["id"]}', 'amount': -25_000_000, 'currency': 'USDC'},
+        {'account': f'worker:{market.agent["id"]}', 'amount': 25_000_000, 'currency': 'USDC'},
+    ]
+    assert mp.escrow_balance(app.service.db, job['id']) == 0
+    assert mp.ledger_problems(app.service.db) == []
+
+
+def test_rejection_returns_the_money_to_the_requester(app, market):
+    job, claim = market.delivered_job(paymentAmount='12.34')
+    market.verify(job, claim, False)
+    balances = {row['account']: row['total'] for row in app.service.db.rows(
+        'SELECT account, sum(amount) AS total FROM ledger_entries GROUP BY account')}
+    assert balances == {f'funding:{market.requester["id"]}': 0, f'escrow:{job["id"]}': 0}
+
+
+def test_the_check_catches_a_missing_entry(app, market):
+    job = market.job()
+    app.service.db.execute('DELETE FROM ledger_entries WHERE id = (SELECT max(id) FROM ledger_entries)')
+    problems = mp.ledger_problems(app.service.db)
+    assert any('1 entries' in p for p in problems)
+    assert any(f'job {job["id"]}' in p and 'escrowStatus does not match' in p for p in problems)
+    restore(app)
+
+
+def test_the_check_catches_money_left_in_a_final_job(app, market):
+    job = market.job()
+    app.service.db.execute("UPDATE jobs SET status = 'cancelled' WHERE id = :id", {'id': job['id']})
+    assert mp.ledger_problems(app.service.db) == [
+        f'job {job["id"]} (cancelled, escrow locked): final but escrow still holds 25000000']
+    restore(app)
+
+
+def test_the_check_catches_an_unrecorded_payout(app, market):
+    job = market.job()
+    db = app.service.db
+    db.execute("UPDATE payments SET amount = 24000000 WHERE type = 'escrow'")
+    problems = mp.ledger_problems(db)
+    assert len(problems) == 2
+    assert 'net' in problems[0] or 'entries' in problems[0]
+    assert f'job {job["id"]}' in problems[1] and 'locked 24000000' in problems[1]
+    restore(app)
+
+
+def test_the_check_catches_a_negative_worker_account(app, market):
+    job, claim = market.delivered_job()
+    market.verify(job, claim, True)
+    db = app.service.db
+    db.execute("UPDATE ledger_entries SET amount = -amount WHERE account LIKE 'worker:%'")
+    assert any(p.startswith(f'account worker:{market.agent["id"]} holds -25000000') for p in mp.ledger_problems(db))
+    restore(app)
+
+
+def restore(app):
+    """Leave a database the teardown's ledger check accepts (the corruption was the point)."""
+    db = app.service.db
+    for table in ('ledger_entries', 'payments', 'reputation_events', 'claims', 'jobs'):
+        db.execute(f'DELETE FROM {table}')
+
+
+def test_format_and_units():
+    assert mp.format_cents(2550) == '25.50'
+    assert mp.format_cents(5) == '0.05'
+    assert mp.format_cents(-25) == '-0.25'
+    assert mp.cents_to_units(2550, 'USDC') == 25_500_000
+    assert mp.cents_to_units(2550, 'USD') == 2550
+    assert mp.format_units(25_509_999, 'USDC') == '25.50'
+    assert mp.read_money('25') == 2500 and mp.read_money('25.5') == 2550 and mp.read_money(7) == 700
