@@ -16,7 +16,7 @@ $(VENV)/stamp: requirements.txt
 	touch $@
 
 run: $(VENV)/stamp  ## serve the demo on http://127.0.0.1:8080 (seeds a new database first)
-	@test -f $(DB) || $(PY) marketplace.py seed --db $(DB)
+	@test -f $(DB) || { rm -f $(DB).new && $(PY) marketplace.py seed --db $(DB).new && mv $(DB).new $(DB); }
 	$(PY) marketplace.py serve --db $(DB)
 
 seed: $(VENV)/stamp  ## load the demo fixtures into a new database ($(DB))

@@ -508,8 +508,12 @@ def lock_escrow(db, job):
 
 
 def release_to_worker(db, settings, job, claim, agent, amount):
-    """Pay a worker `amount` base units from escrow, less the operator fee; return the records."""
-    fee = amount * int(settings.fee_percent * 100) // 10_000
+    """Pay a worker `amount` base units from escrow, less the operator fee; return the records.
+
+    The fee is rounded down to a whole cent, so that every record shows exactly with two places.
+    """
+    cent = 10 ** (DECIMALS[job['currency']] - 2)
+    fee = amount // cent * int(settings.fee_percent * 100) // 10_000 * cent
     payments = [record_payment(db, job, 'release', amount - fee, debit=escrow_account(job['id']),
                                credit=f'worker:{agent["id"]}',
                                recipient=agent['wallet_address'] or agent['id'], claim_id=claim['id'])]
@@ -1166,7 +1170,9 @@ def claim_job(db, job_id, agent_id, account):
             raise Forbidden('You can claim only with an agent your account owns.')
         if job['requester_id'] == agent['account_id']:
             raise Forbidden('An agent cannot claim a job its own account posted.', code='own_job')
-        if job['status'] not in ('open', 'claimed', 'delivered'):
+        # A multi-worker job with a delivery waiting still takes claims in its free slots.
+        takes_claims = ('open', 'claimed', 'delivered') if job['max_workers'] > 1 else ('open', 'claimed')
+        if job['status'] not in takes_claims:
             raise Conflict(f'The job is {job["status"]} and takes no more claims.', code='job_not_open')
         require_open_deadline(job)
         if db.value('''SELECT 1 FROM claims WHERE job_id = :job AND agent_id = :agent
