@@ -27,6 +27,7 @@ import hmac
 import io
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -245,14 +246,19 @@ class NotFound(APIError):
     message = 'There is nothing here.'
 
 
+def allow_header(methods):
+    """The Allow header for a set of methods: sorted, with HEAD wherever GET is allowed."""
+    methods = {m.strip().upper() for m in methods if m.strip()}
+    return ', '.join(sorted(methods | ({'HEAD'} if 'GET' in methods else set())))
+
+
 class MethodNotAllowed(APIError):
     status = 405
     code = 'method_not_allowed'
 
     def __init__(self, allowed):
-        allowed = sorted(allowed)
-        super().__init__(f'This path accepts only {", ".join(allowed)}.',
-                         headers={'Allow': ', '.join(allowed)})
+        allow = allow_header(allowed)
+        super().__init__(f'This path accepts only {allow}.', headers={'Allow': allow})
 
 
 class Conflict(APIError):
@@ -442,7 +448,7 @@ _UUID = re.compile(r'^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 def parse_uuid(text, what='id'):
     """A UUID in canonical lowercase form, or InvalidUUID."""
     value = text.lower() if isinstance(text, str) else None
-    if value is None or not _UUID.match(value):
+    if value is None or not _UUID.fullmatch(value):
         raise InvalidUUID(f'The {what} is not a valid UUID.', fields={what: 'must be a UUID'})
     return value
 
@@ -609,6 +615,17 @@ def read_hundredths(value):
     return int((number * 100).to_integral_value(rounding=ROUND_DOWN))
 
 
+def refuse_json_constant(name):
+    raise ValueError(f'{name} is not JSON')
+
+
+def finite_float(text):
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f'{text} is too large for a JSON number')
+    return value
+
+
 def read_json_body(optional=False):
     """The request body as a dict: 413 over 1 MiB, 400 unless it is one JSON object.
 
@@ -626,7 +643,7 @@ def read_json_body(optional=False):
             return {}
         raise InvalidJSON('The request body is empty; send a JSON object.')
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=refuse_json_constant, parse_float=finite_float)
     except (ValueError, RecursionError):
         raise InvalidJSON('The request body is not valid JSON.') from None
     if not isinstance(body, dict):
@@ -1401,8 +1418,11 @@ def service():
     return request.app.service
 
 
+MAX_OFFSET = 1_000_000_000
+
+
 def page_params(query):
-    """limit (1..200, clamped above) and offset (>= 0) from the query string."""
+    """limit (1..200, clamped above) and offset (0..MAX_OFFSET) from the query string."""
     def number(name, default):
         raw = query.get(name)
         if raw is None or raw == '':
@@ -1414,6 +1434,9 @@ def page_params(query):
     limit, offset = number('limit', 50), number('offset', 0)
     if limit < 1:
         raise BadRequest('limit must be at least 1.', code='invalid_parameter', fields={'limit': 'must be 1 to 200'})
+    if offset > MAX_OFFSET:
+        raise BadRequest(f'offset must be at most {MAX_OFFSET}.', code='invalid_parameter',
+                         fields={'offset': f'must be at most {MAX_OFFSET}'})
     return min(limit, 200), offset
 
 
@@ -1436,6 +1459,7 @@ def query_min_pay(query):
     if not value.is_finite() or value < 0:
         raise BadRequest('min_pay must be a number of at least 0, such as 10.5.', code='invalid_parameter',
                          fields={'min_pay': 'must be a number of at least 0'})
+    value = min(value, Decimal(MAX_PAYMENT_CENTS + 1) / 100)   # nothing costs more; keeps SQLite's integers small
     return int((value * 100).to_integral_value(rounding='ROUND_CEILING'))
 
 
@@ -1621,6 +1645,7 @@ def post_verify(job_id):
 @route('POST', '/api/jobs/<job_id>/cancel', limit='job_action')
 def post_cancel(job_id):
     account = require_account()
+    read_json_body(optional=True)    # nothing to read, but a malformed body is still a 400
     svc = service()
     job = cancel_job(svc.db, parse_uuid(job_id, 'jobId'), account)
     return {'job': job_json(job, svc.settings.base_url)}
@@ -1634,7 +1659,7 @@ JSON_TYPE = 'application/json; charset=utf-8'
 
 
 def json_bytes(body):
-    return json.dumps(body, ensure_ascii=False, separators=(',', ':')).encode('utf-8')
+    return json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(',', ':')).encode('utf-8')
 
 
 def send_error(error):
@@ -1686,7 +1711,7 @@ def make_app(settings):
                 # A static path of another method wins over a dynamic one: GET /api/jobs/expire is a 405.
                 allowed = static_methods.get(request.path)
                 if allowed and request.route.rule != request.path:
-                    raise MethodNotAllowed(allowed | ({'HEAD'} if 'GET' in allowed else set()))
+                    raise MethodNotAllowed(allowed)
                 if bucket and settings.rate_limits == 'on' and not is_admin(caller()):
                     ok, headers = app.service.limiter.hit(bucket, client_ip())
                     for name, value in headers.items():
@@ -1716,7 +1741,9 @@ def make_app(settings):
         elif error.status_code == 404:
             message = 'There is no such endpoint; see /api/openapi.json.'
         elif error.status_code == 405:
-            message = f'This path accepts only {error.headers.get("Allow", "other methods")}.'
+            allow = allow_header(error.headers.get('Allow', '').split(','))
+            response.set_header('Allow', allow)
+            message = f'This path accepts only {allow}.'
         else:
             message = str(error.body or 'The request failed.')
         response.content_type = JSON_TYPE

@@ -20,7 +20,7 @@ def address_problem(address):
     All-lowercase and all-uppercase addresses carry no checksum and are accepted; a mixed-case
     address must match its EIP-55 checksum, which catches most typing mistakes.
     """
-    if not isinstance(address, str) or not _ADDRESS.match(address):
+    if not isinstance(address, str) or not _ADDRESS.fullmatch(address):
         return 'must be 0x followed by 40 hexadecimal digits'
     hex_part = address[2:]
     if hex_part not in (hex_part.lower(), hex_part.upper()) and to_checksum_address(address) != address:

@@ -1,0 +1,285 @@
+"""Every error is JSON of one shape, on every route (CONTRACT.md section 1)."""
+
+import io
+import json
+import re
+import sys
+import uuid
+
+import pytest
+
+import marketplace as mp
+from conftest import Client, make_account
+
+JSON_TYPE = 'application/json; charset=utf-8'
+SNAKE = re.compile(r'^[a-z]+(_[a-z]+)*$')
+
+# POST routes that need no API key (open registration).
+NO_KEY = {'/api/accounts', '/api/agents/register'}
+# POST routes that take no body at all (checked in marketplace.py: post_cancel never reads one).
+NO_BODY = {'/api/jobs/<job_id>/cancel'}
+
+
+def header(answer_headers, name):
+    found = {key.lower(): value for key, value in answer_headers.items()}
+    return found.get(name.lower())
+
+
+def call(app, method, path, body=None, key=None, headers=None):
+    return mp.call_app(app, method, path, body, key, headers)
+
+
+def assert_error(answer, status, code, where=''):
+    got_status, headers, body = answer
+    assert got_status == status, (where, got_status, body)
+    assert header(headers, 'Content-Type') == JSON_TYPE, (where, headers)
+    assert isinstance(body, dict), (where, body)
+    assert set(body) - {'fields'} == {'error', 'code', 'status'}, (where, body)
+    assert isinstance(body['error'], str) and body['error'].strip(), (where, body)
+    assert isinstance(body['code'], str) and SNAKE.match(body['code']), (where, body)
+    assert body['status'] == status, (where, body)
+    assert body['code'] == code, (where, body)
+    assert '<html' not in body['error'].lower() and 'Traceback' not in body['error'], (where, body)
+    return headers, body
+
+
+def allowed(headers):
+    return {method.strip() for method in header(headers, 'Allow').split(',') if method.strip()}
+
+
+def mp_client(app):
+    return Client(app)
+
+
+def fill(path, value):
+    return re.sub(r'<[^>]+>', value, path)
+
+
+def test_every_route_answers_errors_as_json(app):
+    _, key = make_account(mp_client(app), 'caller')
+    methods_of = {}
+    for method, path, _, _ in mp.ROUTES:
+        methods_of.setdefault(path, set()).add(method)
+    post_paths = {path for method, path, _, _ in mp.ROUTES if method == 'POST'}
+    # Every POST route is classified, so that a new one cannot slip past the body checks unnoticed.
+    assert NO_KEY <= post_paths and NO_BODY <= post_paths
+    assert len(mp.ROUTES) >= 15
+    checked = 0
+
+    for method, path, _, _ in mp.ROUTES:
+        concrete = fill(path, str(uuid.uuid4()))
+        where = f'{method} {path}'
+
+        # Unknown path below this one: 404, for GET and for the route's own method.
+        for probe in {'GET', method}:
+            assert_error(call(app, probe, concrete + '/no/such/thing', {} if probe == 'POST' else None, key=key),
+                         404, 'not_found', f'{probe} {path}/no/such/thing')
+
+        # Wrong method: 405 with an Allow header naming the methods the path does take.
+        wrong_methods = ['DELETE', 'PUT'] + (['GET'] if 'GET' not in methods_of[path] else ['POST'] if
+                                             'POST' not in methods_of[path] else [])
+        for wrong in wrong_methods:
+            headers, body = assert_error(call(app, wrong, concrete, key=key), 405, 'method_not_allowed',
+                                         f'{wrong} {path}')
+            assert methods_of[path] <= allowed(headers), (where, wrong, headers)
+            assert wrong not in allowed(headers), (where, wrong, headers)
+
+        # A malformed UUID in the path: 400 invalid_uuid (with a valid key for POST routes).
+        if '<' in path:
+            for bad in ('not-a-uuid', '1234', str(uuid.uuid4())[:-1] + 'g', str(uuid.uuid4()) + '0'):
+                _, body = assert_error(call(app, method, fill(path, bad), {} if method == 'POST' else None,
+                                            key=key if method == 'POST' else None),
+                                       400, 'invalid_uuid', f'{where} with {bad}')
+                assert body['fields'] == {'jobId' if 'job_id' in path else 'agentId': 'must be a UUID'}
+
+        if method == 'POST':
+            # No key: 401, except the open-registration routes.
+            if path not in NO_KEY:
+                headers, _ = assert_error(call(app, 'POST', concrete, {}), 401, 'unauthorized', where)
+                assert header(headers, 'WWW-Authenticate') == 'Bearer'
+                headers, _ = assert_error(call(app, 'POST', concrete, {}, key='mk_unknown_' + 'x' * 40),
+                                          401, 'unauthorized', where)
+                assert header(headers, 'WWW-Authenticate') == 'Bearer'
+
+            # A body over 1 MiB: 413, whatever the route.
+            huge = b'{"name": "' + b'x' * mp.MAX_BODY + b'"}'
+            assert_error(call(app, 'POST', concrete, huge, key=key), 413, 'body_too_large', where)
+            assert_error(call(app, 'POST', concrete, b' ' * (mp.MAX_BODY + 1), key=key),
+                         413, 'body_too_large', where)
+
+            if path not in NO_BODY:
+                for raw in (b'{nope', b'[1, 2]', b'[]', b'"text"', b'42', b'null', b'{"a": 1} trailing',
+                            b'\xff\xfe{}', b'{"a": NaN'):
+                    assert_error(call(app, 'POST', concrete, raw, key=key), 400, 'invalid_json',
+                                 f'{where} with {raw[:20]!r}')
+        checked += 1
+
+    assert checked == len(mp.ROUTES)
+    # Nothing was created by any refused request (the caller's account and the admin only).
+    assert app.service.db.value('SELECT count(*) FROM accounts') == 2
+    assert app.service.db.value('SELECT count(*) FROM jobs') == 0
+    assert app.service.db.value('SELECT count(*) FROM agents') == 0
+
+
+def test_open_registration_routes_really_need_no_key(client):
+    answer = client.post('/api/accounts', {'name': 'x'})
+    assert answer.status == 201, answer
+    answer = client.post('/api/agents/register', {'name': 'x', 'walletAddress': '0x' + 'ab' * 20})
+    assert answer.status == 201, answer
+
+
+def test_unknown_paths_are_json_404(app):
+    for method, path in [('GET', '/'), ('GET', '/api'), ('GET', '/api/nope'), ('POST', '/api/nope'),
+                         ('GET', '/index.html'), ('DELETE', '/api/jobs/x/y/z'), ('GET', '/api/health/')]:
+        assert_error(call(app, method, path), 404, 'not_found', f'{method} {path}')
+
+
+def test_a_500_is_json_without_a_traceback(app):
+    app.route('/boom', 'GET', lambda: 1 / 0)
+    status, headers, body = call(app, 'GET', '/boom')
+    assert_error((status, headers, body), 500, 'internal_error', 'GET /boom')
+    text = repr(body)
+    assert 'Traceback' not in text
+    assert 'ZeroDivisionError' not in text
+    assert 'division by zero' not in text
+    assert 'marketplace.py' not in text
+
+
+def test_a_500_inside_an_api_handler_is_json(app, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError('secret internals')
+    monkeypatch.setattr(mp, 'list_jobs', broken)
+    status, headers, body = call(app, 'GET', '/api/jobs')
+    assert_error((status, headers, body), 500, 'internal_error', 'GET /api/jobs')
+    assert 'secret internals' not in repr(body)
+
+
+def test_head_on_get_routes(app, client, market):
+    job = market.job()
+    for path in ('/api/health', '/api/jobs', f'/api/jobs/{job["id"]}', '/api/agents',
+                 f'/api/agents/{market.agent["id"]}', '/api/stats'):
+        status, headers, body = call(app, 'HEAD', path)
+        assert status == 200, (path, status, body)
+        assert body == b''
+        assert header(headers, 'Content-Type') == JSON_TYPE
+        get_status, get_headers, _ = call(app, 'GET', path)
+        assert get_status == 200
+        assert header(headers, 'Content-Length') == header(get_headers, 'Content-Length')
+
+
+def test_head_on_a_bad_id_is_still_400(app):
+    status, headers, body = call(app, 'HEAD', '/api/jobs/not-a-uuid')
+    assert status == 400
+    assert body == b''
+    assert header(headers, 'Content-Type') == JSON_TYPE
+
+
+def test_empty_body_on_post_jobs(client):
+    _, key = make_account(client)
+    for raw in (b'', b'   ', b'\n'):
+        answer = client.post('/api/jobs', raw, key=key)
+        assert answer.status == 400, answer
+        assert answer.json['code'] == 'invalid_json'
+        assert answer.json['status'] == 400
+
+
+def test_deeply_nested_json_is_400_not_500(client):
+    _, key = make_account(client)
+    for raw in (b'[' * 100_000, b'{"a":' * 100_000, b'[' * 100_000 + b']' * 100_000,
+                b'{"title": ' + b'[' * 100_000 + b']' * 100_000 + b'}'):
+        answer = client.post('/api/jobs', raw, key=key)
+        assert answer.status in (400,), answer
+        if raw.startswith(b'{"title": '):
+            # Valid JSON, absurdly deep: refused as invalid JSON or as an invalid field, never a 500.
+            assert answer.json['code'] in ('invalid_json', 'validation_failed'), answer
+        else:
+            assert answer.json['code'] == 'invalid_json', answer
+
+
+def test_body_without_content_length_over_1_mib_is_413(app):
+    _, key = make_account(mp_client(app))
+    raw = b'{"title": "' + b'x' * (mp.MAX_BODY + 10) + b'"}'
+    environ = {
+        'REQUEST_METHOD': 'POST', 'PATH_INFO': '/api/jobs', 'QUERY_STRING': '', 'SERVER_NAME': '127.0.0.1',
+        'SERVER_PORT': '8080', 'SERVER_PROTOCOL': 'HTTP/1.1', 'REMOTE_ADDR': '127.0.0.1',
+        'wsgi.url_scheme': 'http', 'wsgi.input': io.BytesIO(raw), 'wsgi.errors': sys.stderr,
+        'wsgi.version': (1, 0), 'wsgi.multithread': False, 'wsgi.multiprocess': False,
+        'wsgi.run_once': False, 'CONTENT_TYPE': 'application/json', 'HTTP_AUTHORIZATION': f'Bearer {key}',
+    }
+    seen = {}
+
+    def start_response(status, headers, exc_info=None):
+        seen['status'], seen['headers'] = int(status.split()[0]), dict(headers)
+
+    data = b''.join(app(environ, start_response))
+    assert_error((seen['status'], seen['headers'], json.loads(data)), 413, 'body_too_large', 'chunked')
+
+
+def test_validation_errors_carry_fields(client):
+    _, key = make_account(client)
+    answer = client.post('/api/jobs', {'title': '', 'paymentAmount': '1.234'}, key=key)
+    assert answer.status == 400, answer
+    assert answer.json['code'] == 'validation_failed'
+    assert set(answer.json['fields']) == {'title', 'description', 'category', 'paymentAmount', 'deadline'}
+    assert all(isinstance(v, str) and v for v in answer.json['fields'].values())
+
+
+def body_routes():
+    return sorted({path for method, path, _, _ in mp.ROUTES if method == 'POST' and path not in NO_BODY})
+
+
+def test_non_finite_numbers_are_not_json(app):
+    """NaN, Infinity and numbers that overflow a double are not JSON (RFC 8259): 400 invalid_json,
+    or they would be stored and later sent out as NaN/Infinity, which strict parsers refuse."""
+    _, key = make_account(mp_client(app))
+    for path in body_routes():
+        concrete = fill(path, str(uuid.uuid4()))
+        for number in (b'NaN', b'Infinity', b'-Infinity', b'1e400'):
+            assert_error(call(app, 'POST', concrete, b'{"name": "x", "extra": ' + number + b'}', key=key),
+                         400, 'invalid_json', f'POST {path} with {number!r}')
+
+
+def test_uuid_with_a_trailing_newline_is_malformed_on_every_route(app):
+    _, key = make_account(mp_client(app))
+    for method, path, _, _ in mp.ROUTES:
+        if '<' not in path:
+            continue
+        bad = str(uuid.uuid4()) + '\n'
+        assert_error(call(app, method, fill(path, bad), {} if method == 'POST' else None,
+                                    key=key if method == 'POST' else None),
+                               400, 'invalid_uuid', f'{method} {path}')
+
+
+def test_a_uuid_field_with_a_trailing_newline_is_malformed(client, market):
+    job = market.job()
+    answer = client.post(f'/api/jobs/{job["id"]}/claim', {'agentId': market.agent['id'] + '\n'},
+                         key=market.worker_key)
+    assert answer.status == 400, answer
+    assert answer.json['code'] == 'invalid_uuid'
+    assert answer.json['fields'] == {'agentId': 'must be a UUID'}
+
+
+@pytest.mark.parametrize('path, field, items', [
+    ('/api/jobs?offset=99999999999999999999999', 'offset', 'jobs'),
+    ('/api/agents?offset=99999999999999999999999', 'offset', 'agents'),
+    ('/api/jobs?min_pay=99999999999999999999999999', 'min_pay', 'jobs'),
+    ('/api/jobs?min_pay=1e999999', 'min_pay', 'jobs'),
+])
+def test_absurd_query_values_never_500(app, path, field, items):
+    """Numbers too large for SQLite are refused (400) or match nothing (an empty page); never 500."""
+    status, headers, body = call(app, 'GET', path)
+    if status == 200:
+        assert body[items] == [], path
+        assert body['total'] == 0, path
+    else:
+        _, body = assert_error((status, headers, body), 400, 'invalid_parameter', path)
+        assert list(body['fields']) == [field], path
+
+
+def test_exactly_one_mib_is_read_one_byte_more_is_413(app):
+    name = b'x' * (mp.MAX_BODY - len(b'{"name": ""}'))
+    exact = b'{"name": "' + name + b'"}'
+    assert len(exact) == mp.MAX_BODY
+    _, body = assert_error(call(app, 'POST', '/api/accounts', exact), 400, 'validation_failed', 'exact')
+    assert body['fields'] == {'name': 'must be at most 100 characters'}
+    assert_error(call(app, 'POST', '/api/accounts', exact + b' '), 413, 'body_too_large', 'one more')
