@@ -19,7 +19,7 @@ run: $(VENV)/stamp  ## serve the demo on http://127.0.0.1:8080 (seeds a new data
 	@test -f $(DB) || { rm -f $(DB).new && $(PY) marketplace.py seed --db $(DB).new && mv $(DB).new $(DB); }
 	$(PY) marketplace.py serve --db $(DB)
 
-seed: $(VENV)/stamp  ## load the demo fixtures into a new database ($(DB))
+seed: $(VENV)/stamp  ## load the demo fixtures into a new database (DB=marketplace.db)
 	$(PY) marketplace.py seed --db $(DB)
 
 test: $(VENV)/stamp  ## run the whole test suite

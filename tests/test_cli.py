@@ -1,0 +1,388 @@
+"""The command line: keys, seed, backup, check-ledger, migrations and `make help`."""
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from datetime import timedelta
+
+import apsw
+import pytest
+
+from conftest import ROOT, Client, job_body
+
+import marketplace as mp
+
+FIXTURES = json.loads((ROOT / 'fixtures' / 'demo.json').read_text())
+KEY = re.compile(r'^mk_[A-Za-z0-9_-]{43}$')
+
+
+def cli(db, *args, env=None):
+    """Run `python marketplace.py ARGS --db DB` in the repository; the finished process."""
+    clean = {name: value for name, value in os.environ.items() if not name.startswith('MARKETPLACE_')}
+    clean.update(env or {})
+    return subprocess.run([sys.executable, str(ROOT / 'marketplace.py'), *args, '--db', str(db)], cwd=ROOT,
+                          env=clean, capture_output=True, text=True, timeout=30)
+
+
+def open_app(db):
+    return mp.make_app(mp.Settings(db=str(db), rate_limits='off'))
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return tmp_path / 'cli.db'
+
+
+def create_key(db, name, *flags):
+    """`keys create`: (account id, role, key)."""
+    done = cli(db, 'keys', 'create', '--name', name, *flags)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stdout
+    match = re.fullmatch(r'account ([0-9a-f-]{36}) \((admin|member)\) (.+)', lines[0])
+    assert match, lines[0]
+    assert match.group(3) == name
+    assert KEY.match(lines[1]), lines[1]
+    return match.group(1), match.group(2), lines[1]
+
+
+def snapshot(db_path):
+    """Every row of every table, to tell whether a command changed the database."""
+    conn = apsw.Connection(str(db_path))
+    try:
+        tables = [row[0] for row in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+        return {table: sorted(map(repr, conn.execute(f'SELECT * FROM "{table}"'))) for table in tables}
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope='module')
+def seeded_template(tmp_path_factory):
+    """One seeded database (and the seed output) that tests copy instead of seeding again."""
+    path = tmp_path_factory.mktemp('seed') / 'demo.db'
+    done = cli(path, 'seed')
+    assert done.returncode == 0, done.stderr
+    return path, done.stdout
+
+
+@pytest.fixture
+def seeded(seeded_template, tmp_path):
+    """A private copy of the seeded database: (path, seed output)."""
+    template, output = seeded_template
+    copy = tmp_path / 'seeded.db'
+    source = mp.Database(template)
+    try:
+        source.backup(copy)
+    finally:
+        source.close()
+    return copy, output
+
+
+# keys ------------------------------------------------------------------------
+
+def test_keys_create_admin_makes_an_admin_key(db_path):
+    admin_id, role, admin_key = create_key(db_path, 'ops', '--admin')
+    assert role == 'admin'
+    other_id, other_role, _ = create_key(db_path, 'customer')
+    assert other_role == 'member'
+    app = open_app(db_path)
+    try:
+        client = Client(app)
+        # An admin may post on behalf of another account.
+        answer = client.post('/api/jobs', job_body(requesterId=other_id), key=admin_key)
+        assert answer.status == 201, answer
+        assert answer.json['job']['requesterId'] == other_id
+        assert mp.account_for_key(app.service.db, admin_key) == {'id': admin_id, 'name': 'ops', 'role': 'admin'}
+        # Only the key's SHA-256 hash is stored.
+        stored = app.service.db.row('SELECT key_hash, prefix FROM api_keys WHERE account_id = :id', {'id': admin_id})
+        assert stored == {'key_hash': hashlib.sha256(admin_key.encode()).hexdigest(), 'prefix': admin_key[:10]}
+        assert mp.ledger_problems(app.service.db) == []
+    finally:
+        app.service.close()
+
+
+def test_keys_create_without_admin_makes_a_member_key(db_path):
+    member_id, role, member_key = create_key(db_path, 'someone')
+    assert role == 'member'
+    other_id, _, _ = create_key(db_path, 'someone-else')
+    app = open_app(db_path)
+    try:
+        client = Client(app)
+        refused = client.post('/api/jobs', job_body(requesterId=other_id), key=member_key)
+        assert refused.status == 403, refused
+        assert refused.json['code'] == 'forbidden'
+        own = client.post('/api/jobs', job_body(), key=member_key)
+        assert own.status == 201, own
+        assert own.json['job']['requesterId'] == member_id
+    finally:
+        app.service.close()
+
+
+def test_keys_list_shows_prefixes_never_keys(db_path):
+    _, _, admin_key = create_key(db_path, 'ops', '--admin')
+    _, _, member_key = create_key(db_path, 'someone')
+    done = cli(db_path, 'keys', 'list')
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stdout
+    for key, role, name, line in ((admin_key, 'admin', 'ops', lines[0]), (member_key, 'member', 'someone', lines[1])):
+        key_id, prefix, listed_role, listed_name, state = line.split()
+        assert re.fullmatch(r'[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}', key_id)
+        assert prefix == key[:10]
+        assert (listed_role, listed_name, state) == (role, name, 'live')
+    for key in (admin_key, member_key):
+        assert key not in done.stdout
+        assert key[3:] not in done.stdout
+        assert key[-20:] not in done.stdout
+
+
+def test_keys_revoke_makes_the_key_unauthorized(db_path):
+    _, _, key = create_key(db_path, 'ops', '--admin')
+    key_id = cli(db_path, 'keys', 'list').stdout.split()[0]
+    app = open_app(db_path)
+    try:
+        client = Client(app)
+        assert client.post('/api/jobs', job_body(), key=key).status == 201
+        done = cli(db_path, 'keys', 'revoke', key_id)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == 'revoked'
+        answer = client.post('/api/jobs', job_body(), key=key)
+        assert answer.status == 401, answer
+        assert answer.json['code'] == 'unauthorized'
+        headers = {name.lower(): value for name, value in answer.headers.items()}   # names are case-insensitive
+        assert headers['www-authenticate'] == 'Bearer'
+    finally:
+        app.service.close()
+    listed = cli(db_path, 'keys', 'list').stdout
+    assert listed.split()[0] == key_id
+    assert ' revoked ' in listed
+    # Revoking it again changes nothing and says so.
+    again = cli(db_path, 'keys', 'revoke', key_id)
+    assert again.returncode == 1
+    assert again.stdout.strip() == 'no live key has that id'
+
+
+def test_keys_revoke_an_unknown_id_exits_1(db_path):
+    create_key(db_path, 'ops')
+    before = snapshot(db_path)
+    done = cli(db_path, 'keys', 'revoke', mp.new_id())
+    assert done.returncode == 1
+    assert done.stdout.strip() == 'no live key has that id'
+    assert snapshot(db_path) == before
+
+
+def test_keys_in_process(db_path, capsys):
+    """The same commands through mp.main, as a caller embedding the module would run them."""
+    assert mp.main(['keys', 'create', '--name', 'inproc', '--db', str(db_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r'account [0-9a-f-]{36} \(member\) inproc', out[0])
+    assert KEY.match(out[1])
+    assert mp.main(['keys', 'revoke', 'not-a-key-id', '--db', str(db_path)]) == 1
+    assert capsys.readouterr().out.strip() == 'no live key has that id'
+
+
+# seed ------------------------------------------------------------------------
+
+def test_seed_prints_four_demo_keys(seeded):
+    _, output = seeded
+    lines = output.splitlines()
+    assert lines[0].endswith(f': {len(FIXTURES["accounts"])} accounts, {len(FIXTURES["agents"])} agents, '
+                             f'{len(FIXTURES["jobs"])} jobs.')
+    keys = dict(line.split() for line in lines[2:])
+    assert list(keys) == [account['name'] for account in FIXTURES['accounts']]
+    assert len(keys) == 4
+    assert all(KEY.match(key) for key in keys.values())
+
+
+def test_seed_loads_the_fixtures(seeded):
+    path, output = seeded
+    keys = dict(line.split() for line in output.splitlines()[2:])
+    app = open_app(path)
+    try:
+        client = Client(app)
+        jobs = client.get('/api/jobs?limit=200')
+        assert jobs.status == 200
+        assert jobs.json['total'] == len(FIXTURES['jobs']) == 9
+        by_title = {job['title']: job for job in jobs.json['jobs']}
+        assert set(by_title) == {job['title'] for job in FIXTURES['jobs']}
+        assert sorted(job['status'] for job in jobs.json['jobs']) == sorted(
+            ['open'] * 4 + ['claimed', 'delivered', 'completed', 'rejected', 'cancelled'])
+        assert by_title['Blog post: SQLite in WAL mode']['status'] == 'claimed'
+        assert by_title['Port a shell script to Python']['status'] == 'delivered'
+        assert by_title['Translate the README into German']['status'] == 'completed'
+        assert by_title['Translate the README into German']['escrowStatus'] == 'released'
+        assert by_title['Add type hints to the billing module']['status'] == 'rejected'
+        assert by_title['Add type hints to the billing module']['escrowStatus'] == 'refunded'
+        assert by_title['Survey of vector databases']['status'] == 'cancelled'
+        assert by_title['Logo for an open-source CLI']['paymentCurrency'] == 'USD'
+        assert by_title['Clean a 50k-row customer CSV']['paymentAmount'] == '75.50'
+        agents = client.get('/api/agents')
+        assert sorted(agent['name'] for agent in agents.json['agents']) == ['Coder-7', 'Scribe']
+        assert mp.ledger_problems(app.service.db) == []
+        # A demo key works.
+        posted = client.post('/api/jobs', job_body(title='Posted with a demo key'), key=keys['acme-research'])
+        assert posted.status == 201, posted
+        acme = mp.account_for_key(app.service.db, keys['acme-research'])
+        assert acme['name'] == 'acme-research' and acme['role'] == 'member'
+        assert posted.json['job']['requesterId'] == acme['id']
+        assert mp.ledger_problems(app.service.db) == []
+    finally:
+        app.service.close()
+
+
+def test_seeding_twice_fails_without_changing_the_database(seeded):
+    path, _ = seeded
+    before = snapshot(path)
+    done = cli(path, 'seed')
+    assert done.returncode != 0
+    assert 'already holds accounts' in done.stderr
+    assert snapshot(path) == before
+
+
+def test_seeding_twice_in_process_raises(seeded):
+    path, _ = seeded
+    before = snapshot(path)
+    with pytest.raises(RuntimeError, match='already holds accounts'):
+        mp.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', out=lambda line: None)
+    assert snapshot(path) == before
+
+
+# backup and check-ledger -----------------------------------------------------
+
+def test_backup_while_the_database_is_in_use(seeded, tmp_path):
+    path, output = seeded
+    keys = dict(line.split() for line in output.splitlines()[2:])
+    app = open_app(path)      # another connection holds the database open, with fresh writes in the WAL
+    try:
+        client = Client(app)
+        assert client.post('/api/jobs', job_body(title='written just before the backup'),
+                           key=keys['northwind-data']).status == 201
+        copy = tmp_path / 'copy.db'
+        done = cli(path, 'backup', str(copy))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f'Backed up {path} to {copy}'
+        # The original is still usable through the connection that stayed open.
+        assert client.get('/api/jobs').json['total'] == 10
+    finally:
+        app.service.close()
+    backup = mp.Database(copy)
+    try:
+        assert backup.value('PRAGMA integrity_check') == 'ok'
+        assert backup.value('PRAGMA user_version') == mp.SCHEMA_VERSION
+        assert backup.value('SELECT count(*) FROM jobs') == 10
+        assert backup.value("SELECT count(*) FROM jobs WHERE title = 'written just before the backup'") == 1
+        assert mp.ledger_problems(backup) == []
+    finally:
+        backup.close()
+    # The copy serves like the original.
+    app = open_app(copy)
+    try:
+        assert Client(app).get('/api/jobs').json['total'] == 10
+    finally:
+        app.service.close()
+
+
+def test_check_ledger_balances_then_finds_a_missing_entry(seeded):
+    path, _ = seeded
+    done = cli(path, 'check-ledger')
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == 'The ledger balances.\n'
+
+    db = mp.Database(path)
+    try:
+        last = db.row('SELECT payment_id, amount FROM ledger_entries WHERE rowid = (SELECT max(rowid) FROM ledger_entries)')
+        assert db.execute('DELETE FROM ledger_entries WHERE rowid = (SELECT max(rowid) FROM ledger_entries)') == 1
+    finally:
+        db.close()
+
+    broken = cli(path, 'check-ledger')
+    assert broken.returncode == 1
+    lines = broken.stdout.splitlines()
+    assert 'The ledger balances.' not in broken.stdout
+    assert f'payment {last["payment_id"]}: 1 entries, net {-last["amount"]}' in lines
+
+
+def test_check_ledger_on_a_new_database(db_path):
+    done = cli(db_path, 'check-ledger')
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == 'The ledger balances.\n'
+
+
+# Migrations ------------------------------------------------------------------
+
+def test_a_newer_schema_is_refused(db_path):
+    app = open_app(db_path)
+    app.service.close()
+    conn = apsw.Connection(str(db_path))
+    conn.execute(f'PRAGMA user_version = {mp.SCHEMA_VERSION + 1}')
+    conn.close()
+    db = mp.Database(db_path)
+    try:
+        with pytest.raises(RuntimeError, match=rf'schema version {mp.SCHEMA_VERSION + 1}, newer than this program '
+                                               rf'\({mp.SCHEMA_VERSION}\)'):
+            db.migrate()
+        assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION + 1     # left as it was
+    finally:
+        db.close()
+    with pytest.raises(RuntimeError, match='newer than this program'):
+        open_app(db_path)
+    done = cli(db_path, 'check-ledger')
+    assert done.returncode != 0
+    assert 'newer than this program' in done.stderr
+
+
+def test_a_restart_keeps_the_data(db_path):
+    app = open_app(db_path)
+    try:
+        client = Client(app)
+        answer = client.post('/api/accounts', {'name': 'keeper'})
+        key = answer.json['apiKey']
+        job = client.post('/api/jobs', job_body(deadline=mp.iso(mp.now() + timedelta(hours=5))), key=key).json['job']
+    finally:
+        app.service.close()
+    for _ in range(2):
+        app = open_app(db_path)
+        try:
+            client = Client(app)
+            assert app.service.db.value('PRAGMA user_version') == mp.SCHEMA_VERSION
+            shown = client.get(f'/api/jobs/{job["id"]}')
+            assert shown.status == 200
+            assert shown.json['job'] == job
+            assert [p['type'] for p in shown.json['payments']] == ['escrow']
+            assert client.post('/api/jobs', job_body(), key=key).status == 201    # the key still works
+        finally:
+            app.service.close()
+    db = mp.Database(db_path)
+    try:
+        assert db.value('SELECT count(*) FROM jobs') == 3
+        assert db.value('SELECT count(*) FROM accounts') == 1
+        assert mp.ledger_problems(db) == []
+    finally:
+        db.close()
+
+
+def test_the_database_is_opened_for_durability(db_path):
+    app = open_app(db_path)
+    try:
+        db = app.service.db
+        assert db.value('PRAGMA journal_mode') == 'wal'
+        assert db.value('PRAGMA synchronous') == 2      # FULL
+        assert db.value('PRAGMA foreign_keys') == 1
+        assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION
+    finally:
+        app.service.close()
+
+
+# make ------------------------------------------------------------------------
+
+def test_make_help_lists_the_targets():
+    done = subprocess.run(['make', '-C', str(ROOT), 'help'], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    targets = {match.group(1): match.group(2) for match in re.finditer(r'^\s+make (\S+)\s+(.+)$', done.stdout, re.M)}
+    assert {'help', 'run', 'test', 'seed', 'clean'} <= set(targets)
+    assert targets['test'] == 'run the whole test suite'
+    assert targets['run'].startswith('serve the demo on http://127.0.0.1:8080')
