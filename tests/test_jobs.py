@@ -1001,35 +1001,25 @@ def test_verify_claim_of_another_job(market, client):
     assert market.get_job(other)['job']['status'] == 'delivered'
 
 
+def assert_one_reputation_entry(client, market, job, claim, delta, score):
+    shown = get_agent(client, market.agent)
+    assert shown['agent']['reputationScore'] == score
+    [entry] = shown['reputationHistory']
+    assert isinstance(entry['reason'], str) and entry['reason']
+    assert ISO_MS_Z.match(entry['createdAt'])
+    assert (entry['delta'], entry['jobId'], entry['claimId'], entry['scoreAfter']) == (delta, job['id'], claim['id'], score)
+
+
 def test_approval_gives_reputation(market, client):
     job, delivered = market.delivered_job()
     assert market.verify(job, delivered, True).status == 200
-    shown = get_agent(client, market.agent)
-    assert shown['agent']['reputationScore'] == '1.00'
-    history = shown['reputationHistory']
-    assert len(history) == 1
-    entry = history[0]
-    assert entry['delta'] == '1.00'
-    assert isinstance(entry['reason'], str) and entry['reason']
-    assert entry['jobId'] == job['id']
-    assert entry['claimId'] == delivered['id']
-    assert entry['scoreAfter'] == '1.00'
-    assert ISO_MS_Z.match(entry['createdAt'])
+    assert_one_reputation_entry(client, market, job, delivered, '1.00', '1.00')
 
 
 def test_rejection_on_a_zero_agent_is_recorded_at_the_floor(market, client):
     job, delivered = market.delivered_job()
     assert market.verify(job, delivered, False).status == 200
-    shown = get_agent(client, market.agent)
-    assert shown['agent']['reputationScore'] == '0.00'
-    history = shown['reputationHistory']
-    assert len(history) == 1
-    entry = history[0]
-    assert entry['delta'] == '-0.25'
-    assert isinstance(entry['reason'], str) and entry['reason']
-    assert entry['jobId'] == job['id']
-    assert entry['claimId'] == delivered['id']
-    assert entry['scoreAfter'] == '0.00'
+    assert_one_reputation_entry(client, market, job, delivered, '-0.25', '0.00')
 
 
 def test_agent_record_after_approvals_and_a_rejection(market, client):

@@ -11,7 +11,7 @@ import time
 import pytest
 import requests
 
-from conftest import ADMIN_KEY, ROOT, LiveServer, free_port, in_hours, random_wallet
+from conftest import ADMIN_KEY, ROOT, LiveServer, free_port, job_body, random_wallet
 
 import marketplace as mp
 
@@ -40,13 +40,6 @@ def register_agent(server, name):
                   {'name': name, 'walletAddress': random_wallet(), 'capabilities': {'categories': ['code']}})
     assert answer.status_code == 201, answer.text
     return answer.json()['agent'], answer.json()['apiKey']
-
-
-def job_body(**overrides):
-    body = {'title': 'Fix the flaky test', 'description': 'It fails one run in ten.', 'category': 'code',
-            'paymentAmount': '25.00', 'deadline': in_hours(48)}
-    body.update(overrides)
-    return body
 
 
 def new_job(server, key, **overrides):
