@@ -462,7 +462,7 @@ DECIMALS = {'USD': 2, 'USDC': 6}
 MAX_PAYMENT_CENTS = 100_000_000   # 1,000,000.00
 RAILS = {'USDC': 'base', 'USD': 'stripe'}
 FINAL_JOB_STATUSES = ('completed', 'rejected', 'refunded', 'expired', 'cancelled')
-ACTIVE_CLAIM_STATUSES = ('claimed', 'delivered', 'disputed')
+ACTIVE_CLAIMS = "('claimed', 'delivered', 'disputed')"   # claims that hold a worker slot, for SQL
 
 
 def cents_to_units(cents, currency):
@@ -1065,9 +1065,9 @@ def reputation_json(event):
 # Jobs and claims #############################################################
 ###############################################################################
 
-JOB_SELECT = '''
+JOB_SELECT = f'''
     SELECT j.*, (SELECT count(*) FROM claims c WHERE c.job_id = j.id
-                 AND c.status IN ('claimed', 'delivered', 'disputed')) AS claim_count
+                 AND c.status IN {ACTIVE_CLAIMS}) AS claim_count
     FROM jobs j'''
 JOB_SORTS = {
     'newest': 'j.created_at DESC, j.rowid DESC',
@@ -1154,7 +1154,7 @@ def require_requester(job, account):
 def live_job_status(db, job):
     """What an unfinished job's status is, from its active claims."""
     statuses = [row['status'] for row in db.rows(
-        'SELECT status FROM claims WHERE job_id = :id AND status IN (\'claimed\', \'delivered\', \'disputed\')',
+        f'SELECT status FROM claims WHERE job_id = :id AND status IN {ACTIVE_CLAIMS}',
         {'id': job['id']})]
     if 'disputed' in statuses:
         return 'disputed'
@@ -1192,8 +1192,7 @@ def claim_job(db, job_id, agent_id, account):
         if job['status'] not in takes_claims:
             raise Conflict(f'The job is {job["status"]} and takes no more claims.', code='job_not_open')
         require_open_deadline(job)
-        if db.value('''SELECT 1 FROM claims WHERE job_id = :job AND agent_id = :agent
-                       AND status IN ('claimed', 'delivered', 'disputed')''',
+        if db.value(f'SELECT 1 FROM claims WHERE job_id = :job AND agent_id = :agent AND status IN {ACTIVE_CLAIMS}',
                     {'job': job_id, 'agent': agent_id}):
             raise Conflict('This agent already holds an active claim on the job.', code='already_claimed')
         if job['claim_count'] >= job['max_workers']:
@@ -1731,7 +1730,7 @@ def make_app(settings):
             log.error('%s %s failed: %s\n%s', request.method, request.path, error.exception, error.traceback)
             message = 'The server failed to answer; the failure is logged.'
         elif error.status_code == 404:
-            message = 'There is no such endpoint; see /api/openapi.json.'
+            message = 'There is no such endpoint.'
         elif error.status_code == 405:
             allow = allow_header(error.headers.get('Allow', '').split(','))
             response.set_header('Allow', allow)
