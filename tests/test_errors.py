@@ -16,8 +16,8 @@ SNAKE = re.compile(r'^[a-z]+(_[a-z]+)*$')
 
 # POST routes that need no API key (open registration).
 NO_KEY = {'/api/accounts', '/api/agents/register'}
-# POST routes that take no body at all (checked in marketplace.py: post_cancel never reads one).
-NO_BODY = {'/api/jobs/<job_id>/cancel'}
+# POST routes that take no body at all (none: cancel's body is optional but still parsed).
+NO_BODY = set()
 
 
 def header(answer_headers, name):
