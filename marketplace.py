@@ -6,6 +6,7 @@ Run it:
     python marketplace.py seed                       # demo accounts, agents and jobs
     python marketplace.py keys create --name NAME [--admin]
     python marketplace.py keys list | keys revoke KEY_ID
+    python marketplace.py sweep                      # expire overdue jobs, auto-approve deliveries
     python marketplace.py backup PATH                # online SQLite backup
     python marketplace.py check-ledger               # does every job's money add up?
 
@@ -35,6 +36,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -85,6 +87,14 @@ def parse_percent(text):
     return value
 
 
+def parse_odd(text):
+    """Read a positive odd whole number (a vote count that cannot tie)."""
+    value = int(text)
+    if value < 1 or value % 2 == 0:
+        raise ValueError(f'expected a positive odd number, got {text!r}')
+    return value
+
+
 def parse_positive(kind):
     """Make a reader of positive numbers of one kind (int or float)."""
     def read(text):
@@ -131,6 +141,9 @@ SETTINGS = [
             'take the client IP from the last X-Forwarded-For entry (only behind your own proxy)'),
     Setting('shutdown_timeout', 10.0, parse_positive(float),
             'seconds SIGTERM waits for requests in flight before closing them'),
+    Setting('sweep_interval', 60.0, parse_positive(float),
+            'seconds between the automatic expire and auto-verify sweeps (the first runs one interval after start)'),
+    Setting('required_votes', 3, parse_odd, 'arbitrator votes that decide a dispute (odd)'),
 ]
 
 
@@ -293,8 +306,10 @@ STATUS_CODES = {400: 'bad_request', 401: 'unauthorized', 403: 'forbidden', 404: 
 
 # Changes to an existing database, by the user_version they bring it to. schema.sql always holds
 # the latest shape; a migration only alters what CREATE ... IF NOT EXISTS cannot.
-MIGRATIONS = {}
-SCHEMA_VERSION = 1
+MIGRATIONS = {
+    2: 'SELECT 1',   # version 2 only adds tables (disputes, arbitrators, votes): schema.sql creates them
+}
+SCHEMA_VERSION = 2
 
 
 class Database:
@@ -1151,16 +1166,33 @@ def require_requester(job, account):
         raise Forbidden("Only the job's requester (or an admin) may do that.")
 
 
+def paid_claims(db, job_id):
+    """How many of the job's claims were approved (paid)."""
+    return db.value("SELECT count(*) FROM claims WHERE job_id = :id AND status = 'approved'", {'id': job_id})
+
+
+def active_claims(db, job_id):
+    """How many of the job's claims hold a worker slot (claimed, delivered or disputed)."""
+    return db.value(f'SELECT count(*) FROM claims WHERE job_id = :id AND status IN {ACTIVE_CLAIMS}', {'id': job_id})
+
+
+def slots_taken(db, job):
+    """Worker slots in use: active claims, plus paid ones in all-paid mode (each share is paid once)."""
+    taken = active_claims(db, job['id'])
+    if job['competition_mode'] == 'all-paid':
+        taken += paid_claims(db, job['id'])
+    return taken
+
+
 def live_job_status(db, job):
-    """What an unfinished job's status is, from its active claims."""
-    statuses = [row['status'] for row in db.rows(
-        f'SELECT status FROM claims WHERE job_id = :id AND status IN {ACTIVE_CLAIMS}',
-        {'id': job['id']})]
+    """What an unfinished job's status is, from its claims."""
+    statuses = {row['status'] for row in db.rows(
+        f'SELECT status FROM claims WHERE job_id = :id AND status IN {ACTIVE_CLAIMS}', {'id': job['id']})}
     if 'disputed' in statuses:
         return 'disputed'
     if 'delivered' in statuses:
         return 'delivered'
-    return 'claimed' if len(statuses) >= job['max_workers'] else 'open'
+    return 'claimed' if slots_taken(db, job) >= job['max_workers'] else 'open'
 
 
 def set_job_status(db, job_id, status, escrow_status=None):
@@ -1178,6 +1210,14 @@ def set_claim_status(db, claim_id, status, **extra):
                dict(extra, status=status, now=now_iso(), id=claim_id))
 
 
+def finish_job(db, job, unpaid_status):
+    """End a job: refund what its escrow still holds; `completed` if anyone was paid, else unpaid_status."""
+    refund = refund_escrow(db, job)
+    paid = paid_claims(db, job['id'])
+    set_job_status(db, job['id'], 'completed' if paid else unpaid_status, 'released' if paid else 'refunded')
+    return refund
+
+
 def claim_job(db, job_id, agent_id, account):
     """Claim a job for an agent the caller owns; return the claim."""
     with db.transaction():
@@ -1187,15 +1227,17 @@ def claim_job(db, job_id, agent_id, account):
             raise Forbidden('You can claim only with an agent your account owns.')
         if job['requester_id'] == agent['account_id']:
             raise Forbidden('An agent cannot claim a job its own account posted.', code='own_job')
-        # A multi-worker job with a delivery waiting still takes claims in its free slots.
-        takes_claims = ('open', 'claimed', 'delivered') if job['max_workers'] > 1 else ('open', 'claimed')
+        # A multi-worker job with a delivery or a dispute waiting still takes claims in its free slots.
+        takes_claims = ('open', 'claimed', 'delivered', 'disputed') if job['max_workers'] > 1 else ('open', 'claimed')
         if job['status'] not in takes_claims:
             raise Conflict(f'The job is {job["status"]} and takes no more claims.', code='job_not_open')
         require_open_deadline(job)
-        if db.value(f'SELECT 1 FROM claims WHERE job_id = :job AND agent_id = :agent AND status IN {ACTIVE_CLAIMS}',
+        if db.value('''SELECT 1 FROM claims WHERE job_id = :job AND agent_id = :agent
+                       AND status IN ('claimed', 'delivered', 'disputed', 'approved')''',
                     {'job': job_id, 'agent': agent_id}):
-            raise Conflict('This agent already holds an active claim on the job.', code='already_claimed')
-        if job['claim_count'] >= job['max_workers']:
+            raise Conflict('This agent already holds a claim on the job (or was paid for it).',
+                           code='already_claimed')
+        if slots_taken(db, job) >= job['max_workers']:
             raise Conflict('Every worker slot of this job is taken.', code='already_claimed')
         if agent['reputation'] < job['min_reputation']:
             raise Forbidden(f'The job needs a reputation of {format_cents(job["min_reputation"])}; the '
@@ -1227,37 +1269,63 @@ def deliver_claim(db, job_id, claim_id, deliverable, account):
     return get_claim(db, job_id, claim_id), get_job(db, job_id)
 
 
-def approve_claim(db, settings, job, claim, auto=False):
-    """Approve a delivered claim: pay the worker, supersede or keep the others, finish the job."""
+REPUTATION = {
+    'approved': (100, 'delivery approved'),
+    'rejected': (-25, 'delivery rejected'),
+    'dispute_won': (150, 'dispute won'),
+    'dispute_lost': (-100, 'dispute lost'),
+    'expired': (-50, 'claim expired without delivery'),
+}
+
+
+def approve_claim(db, settings, job, claim, *, auto=False, rule='approved'):
+    """Pay a delivered (or disputed) claim and, unless more all-paid shares remain, finish the job.
+
+    first-wins and best-wins pay the whole price to one claim and supersede the others; while another
+    claim of such a job is under dispute its escrow is spoken for, so the approval waits (409).
+    all-paid pays each approved claim paymentAmount / maxWorkers, rounded down to the cent.
+    """
+    if job['competition_mode'] != 'all-paid' and db.value(
+            "SELECT 1 FROM claims WHERE job_id = :job AND status = 'disputed' AND id != :claim",
+            {'job': job['id'], 'claim': claim['id']}):
+        raise Conflict('Another delivery of this job is under dispute; approve after it is resolved.',
+                       code='dispute_open')
     agent = get_agent(db, claim['agent_id'])
-    total = cents_to_units(job['amount_cents'], job['currency'])
+    cents = job['amount_cents']
     if job['competition_mode'] == 'all-paid':
-        amount = cents_to_units(job['amount_cents'] // job['max_workers'], job['currency'])
-    else:
-        amount = total
-    release_to_worker(db, settings, job, claim, agent, amount)
+        cents //= job['max_workers']
+    release_to_worker(db, settings, job, claim, agent, cents_to_units(cents, job['currency']))
     set_claim_status(db, claim['id'], 'approved', verified_at=now_iso(), auto_approved=int(auto))
-    adjust_reputation(db, agent['id'], 100, 'delivery approved', job['id'], claim['id'])
-    approved = db.value("SELECT count(*) FROM claims WHERE job_id = :id AND status = 'approved'",
-                        {'id': job['id']})
-    if job['competition_mode'] != 'all-paid' or approved >= job['max_workers']:
+    adjust_reputation(db, agent['id'], *REPUTATION[rule], job['id'], claim['id'])
+    if job['competition_mode'] != 'all-paid' or paid_claims(db, job['id']) >= job['max_workers']:
         db.execute('''UPDATE claims SET status = 'superseded', updated_at = :now WHERE job_id = :id
                       AND status IN ('claimed', 'delivered')''', {'id': job['id'], 'now': now_iso()})
-        refund_escrow(db, job)
-        set_job_status(db, job['id'], 'completed', 'released')
+        finish_job(db, job, 'completed')
+    else:
+        refresh_multi_worker_job(db, job, 'completed')
+
+
+def refresh_multi_worker_job(db, job, unpaid_status):
+    """After one claim of a multi-worker job ends: past the deadline with no active claim left the
+    job ends now (as the expiry sweep would end it), otherwise its status follows its claims."""
+    if job['deadline'] <= now_iso() and not active_claims(db, job['id']):
+        finish_job(db, job, unpaid_status)
     else:
         set_job_status(db, job['id'], live_job_status(db, job))
 
 
-def reject_claim(db, job, claim):
-    """Reject a delivered claim: one worker ends the job and refunds it; more free the slot."""
+def reject_claim(db, job, claim, *, rule='rejected', unpaid_status='rejected'):
+    """Refuse a delivered (or disputed) claim.
+
+    A single-worker job ends (`unpaid_status`, escrow refunded). A multi-worker job frees the slot and
+    stays open until its deadline; past the deadline with no active claim left, it ends now.
+    """
     set_claim_status(db, claim['id'], 'rejected', verified_at=now_iso())
-    adjust_reputation(db, claim['agent_id'], -25, 'delivery rejected', job['id'], claim['id'])
+    adjust_reputation(db, claim['agent_id'], *REPUTATION[rule], job['id'], claim['id'])
     if job['max_workers'] == 1:
-        refund_escrow(db, job)
-        set_job_status(db, job['id'], 'rejected', 'refunded')
+        finish_job(db, job, unpaid_status)
     else:
-        set_job_status(db, job['id'], live_job_status(db, job))
+        refresh_multi_worker_job(db, job, unpaid_status)
 
 
 def verify_claim(db, settings, job_id, claim_id, approved, account):
@@ -1274,9 +1342,14 @@ def verify_claim(db, settings, job_id, claim_id, approved, account):
             approve_claim(db, settings, job, claim)
         else:
             reject_claim(db, job, claim)
-        payments = db.rows('SELECT * FROM payments WHERE job_id = :id AND rowid > :before ORDER BY rowid',
-                           {'id': job_id, 'before': before or 0})
+        payments = new_payments(db, job_id, before)
     return get_job(db, job_id), get_claim(db, job_id, claim_id), payments
+
+
+def new_payments(db, job_id, after_rowid):
+    """The job's payment records written after a given rowid."""
+    return db.rows('SELECT * FROM payments WHERE job_id = :id AND rowid > :after ORDER BY rowid',
+                   {'id': job_id, 'after': after_rowid or 0})
 
 
 def cancel_job(db, job_id, account):
@@ -1284,14 +1357,268 @@ def cancel_job(db, job_id, account):
     with db.transaction():
         job = get_job(db, job_id)
         require_requester(job, account)
-        if job['status'] != 'open' or job['claim_count'] or job['escrow_status'] != 'locked' or \
-                db.value("SELECT 1 FROM payments WHERE job_id = :id AND type = 'release'", {'id': job_id}):
+        if job['status'] != 'open' or job['claim_count'] or paid_claims(db, job_id):
             raise Conflict(f'The job is {job["status"]} with {job["claim_count"]} active claim(s); only an '
                            'open job with no active claim and nothing paid can be cancelled.',
                            code='job_not_open')
-        refund_escrow(db, job)
-        set_job_status(db, job_id, 'cancelled', 'refunded')
+        finish_job(db, job, 'cancelled')
     return get_job(db, job_id)
+
+
+###############################################################################
+# Disputes and arbitration ####################################################
+###############################################################################
+
+DISPUTE_SELECT = '''
+    SELECT d.*, (SELECT count(*) FROM votes v WHERE v.dispute_id = d.id) AS votes_received
+    FROM disputes d'''
+# accuracy: the share of an arbitrator's votes on resolved disputes that matched the outcome.
+ARBITRATOR_SELECT = '''
+    SELECT a.*,
+        (SELECT count(*) FROM votes v WHERE v.arbitrator_id = a.id) AS votes_cast,
+        (SELECT CAST(sum(v.vote = d.outcome) AS REAL) / count(*) FROM votes v
+            JOIN disputes d ON d.id = v.dispute_id
+            WHERE v.arbitrator_id = a.id AND d.status = 'resolved') AS accuracy
+    FROM arbitrators a'''
+ARBITRATOR_MIN_REPUTATION = 1000   # 10.00
+OUTCOMES = ('requester', 'worker')
+
+
+def get_dispute(db, dispute_id):
+    dispute = db.row(DISPUTE_SELECT + ' WHERE d.id = :id', {'id': dispute_id})
+    if dispute is None:
+        raise NotFound('No dispute has this id.')
+    return dispute
+
+
+def get_arbitrator(db, arbitrator_id):
+    arbitrator = db.row(ARBITRATOR_SELECT + ' WHERE a.id = :id', {'id': arbitrator_id})
+    if arbitrator is None:
+        raise NotFound('No arbitrator has this id.')
+    return arbitrator
+
+
+def dispute_parties(db, dispute):
+    """The accounts a dispute is between: the job's requester and the owner of the claim's agent."""
+    row = db.row('''SELECT j.requester_id, a.account_id AS worker_id FROM claims c
+                     JOIN jobs j ON j.id = c.job_id JOIN agents a ON a.id = c.agent_id
+                     WHERE c.id = :claim''', {'claim': dispute['claim_id']})
+    return {row['requester_id'], row['worker_id']}
+
+
+def open_dispute(db, job_id, claim_id, reason, account, required_votes):
+    """The requester disputes a delivery: claim and job become `disputed`, escrow stays locked."""
+    with db.transaction():
+        job = get_job(db, job_id)
+        require_requester(job, account)
+        claim = get_claim(db, job_id, claim_id)
+        if db.value('SELECT 1 FROM disputes WHERE claim_id = :id', {'id': claim_id}):
+            raise Conflict('This delivery has been disputed already.', code='already_disputed')
+        if claim['status'] != 'delivered':
+            raise Conflict(f'The claim is {claim["status"]}; only a delivered claim can be disputed.',
+                           code='claim_not_delivered')
+        dispute = {'id': new_id(), 'job_id': job_id, 'claim_id': claim_id, 'status': 'open', 'reason': reason,
+                   'outcome': None, 'resolution': None, 'resolved_by': None, 'required_votes': required_votes,
+                   'created_at': now_iso(), 'resolved_at': None}
+        db.insert('disputes', dispute)
+        set_claim_status(db, claim_id, 'disputed')
+        set_job_status(db, job_id, live_job_status(db, job))
+    return get_dispute(db, dispute['id']), get_job(db, job_id)
+
+
+def decide_dispute(db, settings, dispute, outcome, resolution, resolved_by):
+    """Settle an open dispute inside the caller's transaction: pay the worker or refund the requester."""
+    job = get_job(db, dispute['job_id'])
+    claim = get_claim(db, dispute['job_id'], dispute['claim_id'])
+    if outcome == 'worker':
+        approve_claim(db, settings, job, claim, rule='dispute_won')
+    else:
+        reject_claim(db, job, claim, rule='dispute_lost', unpaid_status='refunded')
+    db.execute('''UPDATE disputes SET status = 'resolved', outcome = :outcome, resolution = :resolution,
+                  resolved_by = :by, resolved_at = :now WHERE id = :id''',
+               {'outcome': outcome, 'resolution': resolution, 'by': resolved_by, 'now': now_iso(),
+                'id': dispute['id']})
+
+
+def require_open_dispute(dispute):
+    if dispute['status'] != 'open':
+        raise Conflict(f'The dispute was resolved already (outcome: {dispute["outcome"]}).',
+                       code='dispute_resolved')
+
+
+def resolve_dispute(db, settings, dispute_id, outcome, resolution, resolved_by, account):
+    """An admin or an uninvolved arbitrator's owner decides a dispute; return (dispute, job)."""
+    with db.transaction():
+        dispute = get_dispute(db, dispute_id)
+        if not is_admin(account):
+            if account['id'] in dispute_parties(db, dispute):
+                raise Forbidden('A party to the dispute cannot decide it.', code='conflict_of_interest')
+            if not db.value("SELECT 1 FROM arbitrators WHERE account_id = :id AND status = 'active'",
+                            {'id': account['id']}):
+                raise Forbidden('Only an admin or the owner of an active arbitrator may decide a dispute.')
+        require_open_dispute(dispute)
+        decide_dispute(db, settings, dispute, outcome, resolution, resolved_by or account['name'])
+    return get_dispute(db, dispute_id), get_job(db, dispute['job_id'])
+
+
+def register_arbitrator(db, account, name, wallet, agent_id, owner_id):
+    """An agent with reputation 10.00+ (its owner asking), or a human arbitrator (admins only)."""
+    with db.transaction():
+        if agent_id:
+            agent = get_agent(db, agent_id)
+            if agent['account_id'] != account['id']:
+                raise Forbidden('You can register only an agent your account owns as an arbitrator.')
+            if agent['reputation'] < ARBITRATOR_MIN_REPUTATION:
+                raise Forbidden(f'An arbitrator needs a reputation of at least 10.00; the agent has '
+                                f'{format_cents(agent["reputation"])}.', code='insufficient_reputation')
+            if db.value('SELECT 1 FROM arbitrators WHERE agent_id = :id', {'id': agent_id}):
+                raise Conflict('This agent is an arbitrator already.', code='already_arbitrator')
+            owner_id = account['id']
+        elif not is_admin(account):
+            raise Forbidden('Only an admin may register an arbitrator without an agentId.')
+        elif owner_id and not db.value('SELECT 1 FROM accounts WHERE id = :id', {'id': owner_id}):
+            raise ValidationFailed('The account does not exist.', fields={'accountId': 'no account has this id'})
+        moment = now_iso()
+        arbitrator = {'id': new_id(), 'account_id': owner_id or account['id'], 'agent_id': agent_id,
+                      'name': name, 'wallet_address': wallet, 'status': 'active',
+                      'created_at': moment, 'updated_at': moment}
+        db.insert('arbitrators', arbitrator)
+    return get_arbitrator(db, arbitrator['id'])
+
+
+def cast_vote(db, settings, dispute_id, arbitrator_id, choice, reasoning, account):
+    """One arbitrator's vote; the vote that reaches requiredVotes decides by majority. Return (vote, dispute)."""
+    with db.transaction():
+        dispute = get_dispute(db, dispute_id)
+        arbitrator = get_arbitrator(db, arbitrator_id)
+        if arbitrator['account_id'] != account['id']:
+            raise Forbidden('You can vote only with an arbitrator your account owns.')
+        if arbitrator['status'] != 'active':
+            raise Forbidden('This arbitrator is suspended.', code='arbitrator_suspended')
+        if arbitrator['account_id'] in dispute_parties(db, dispute):
+            raise Forbidden('A party to the dispute cannot vote on it.', code='conflict_of_interest')
+        require_open_dispute(dispute)
+        if db.value('SELECT 1 FROM votes WHERE dispute_id = :d AND arbitrator_id = :a',
+                    {'d': dispute_id, 'a': arbitrator_id}):
+            raise Conflict('This arbitrator has voted on this dispute already.', code='already_voted')
+        vote = {'id': new_id(), 'dispute_id': dispute_id, 'arbitrator_id': arbitrator_id, 'vote': choice,
+                'reasoning': reasoning, 'created_at': now_iso()}
+        db.insert('votes', vote)
+        tally = vote_summary(db, dispute_id)
+        if tally['total'] >= dispute['required_votes']:
+            outcome = 'worker' if tally['worker'] > tally['requester'] else 'requester'
+            resolution = (f'Community vote: {tally[outcome]} of {tally["total"]} arbitrators decided for the '
+                          f'{outcome}.')
+            decide_dispute(db, settings, dispute, outcome, resolution, 'community')
+    return vote, get_dispute(db, dispute_id)
+
+
+def vote_summary(db, dispute_id):
+    counts = dict(db.rows('''SELECT coalesce(sum(vote = 'requester'), 0) AS requester,
+                              coalesce(sum(vote = 'worker'), 0) AS worker, count(*) AS total
+                              FROM votes WHERE dispute_id = :id''', {'id': dispute_id})[0])
+    return counts
+
+
+def dispute_json(dispute):
+    return {
+        'id': dispute['id'],
+        'jobId': dispute['job_id'],
+        'claimId': dispute['claim_id'],
+        'status': dispute['status'],
+        'reason': dispute['reason'],
+        'outcome': dispute['outcome'],
+        'resolution': dispute['resolution'],
+        'resolvedBy': dispute['resolved_by'],
+        'requiredVotes': dispute['required_votes'],
+        'votesReceived': dispute['votes_received'],
+        'createdAt': dispute['created_at'],
+        'resolvedAt': dispute['resolved_at'],
+    }
+
+
+def arbitrator_json(arbitrator):
+    accuracy = arbitrator['accuracy']
+    return {
+        'id': arbitrator['id'],
+        'name': arbitrator['name'],
+        'walletAddress': arbitrator['wallet_address'],
+        'agentId': arbitrator['agent_id'],
+        'accountId': arbitrator['account_id'],
+        'status': arbitrator['status'],
+        'accuracy': None if accuracy is None else round(accuracy, 4),
+        'votesCast': arbitrator['votes_cast'],
+        'createdAt': arbitrator['created_at'],
+    }
+
+
+def vote_json(vote):
+    return {'id': vote['id'], 'disputeId': vote['dispute_id'], 'arbitratorId': vote['arbitrator_id'],
+            'vote': vote['vote'], 'reasoning': vote['reasoning'], 'createdAt': vote['created_at']}
+
+
+###############################################################################
+# Sweeps: expiry and auto-verification ########################################
+###############################################################################
+
+def expire_overdue_jobs(db, settings):
+    """End the jobs whose deadline has passed; expire claims that never delivered (with a penalty).
+
+    A job with a delivery or a dispute waiting is left to auto-verify and the arbitrators; its claims
+    that never delivered still expire. A multi-worker job that paid someone ends `completed`, its
+    unpaid shares refunded. Each job is its own transaction, so the sweep can be interrupted anywhere.
+    """
+    result = {'expired': 0, 'refunded': 0, 'reputationPenalties': 0, 'jobIds': []}
+    overdue = [row['id'] for row in db.rows('''SELECT id FROM jobs WHERE deadline <= :now
+        AND status IN ('open', 'claimed', 'delivered', 'disputed') ORDER BY deadline''', {'now': now_iso()})]
+    for job_id in overdue:
+        time.sleep(0)     # under gevent, let requests in between jobs (each job is its own transaction)
+        with db.transaction():
+            job = get_job(db, job_id)
+            if job['status'] in FINAL_JOB_STATUSES or job['deadline'] > now_iso():
+                continue
+            for claim in db.rows("SELECT * FROM claims WHERE job_id = :id AND status = 'claimed'", {'id': job_id}):
+                set_claim_status(db, claim['id'], 'expired')
+                adjust_reputation(db, claim['agent_id'], *REPUTATION['expired'], job_id, claim['id'])
+                result['reputationPenalties'] += 1
+            if active_claims(db, job_id):
+                set_job_status(db, job_id, live_job_status(db, job))
+                continue
+            if finish_job(db, job, 'expired'):
+                result['refunded'] += 1
+            result['expired'] += 1
+            result['jobIds'].append(job_id)
+    return result
+
+
+def auto_verify_deliveries(db, settings):
+    """Approve every delivery whose requester let the verification window pass, as an approval would."""
+    delivered = db.rows('''SELECT c.id, c.job_id, c.delivered_at, j.verification_window_hours
+        FROM claims c JOIN jobs j ON j.id = c.job_id WHERE c.status = 'delivered'
+        ORDER BY c.delivered_at, c.rowid''')
+    result = {'autoApproved': 0, 'claimIds': [], 'checked': len(delivered)}
+    moment = now()
+    for row in delivered:
+        time.sleep(0)     # as in expire_overdue_jobs
+        if parse_time(row['delivered_at']) + timedelta(hours=row['verification_window_hours']) > moment:
+            continue
+        with db.transaction():
+            claim = get_claim(db, row['job_id'], row['id'])
+            job = get_job(db, row['job_id'])
+            if claim['status'] != 'delivered' or job['status'] in FINAL_JOB_STATUSES:
+                continue      # superseded or settled since the list was read
+            try:
+                approve_claim(db, settings, job, claim, auto=True)
+            except Conflict:
+                continue      # another delivery of the job is under dispute: wait for it
+        result['autoApproved'] += 1
+        result['claimIds'].append(row['id'])
+    return result
+
+
+def run_sweeps(db, settings):
+    """Both sweeps once: expiry first, so that an overdue job with nothing delivered cannot be approved."""
+    return {'expire': expire_overdue_jobs(db, settings), 'autoVerify': auto_verify_deliveries(db, settings)}
 
 
 def list_jobs(db, *, category=None, status=None, min_pay=None, sort='newest', limit=50, offset=0):
@@ -1492,8 +1819,8 @@ def stats():
         'totalUSD': format_units(released.get('USD', 0), 'USD'),
         'openJobs': counts['open'],
         'completedJobs': counts['completed'],
-        'openDisputes': 0,        # disputes arrive with community arbitration
-        'totalArbitrators': 0,
+        'openDisputes': db.value("SELECT count(*) FROM disputes WHERE status = 'open'"),
+        'totalArbitrators': db.value('SELECT count(*) FROM arbitrators'),
     }
 
 
@@ -1648,6 +1975,159 @@ def post_cancel(job_id):
     svc = service()
     job = cancel_job(svc.db, parse_uuid(job_id, 'jobId'), account)
     return {'job': job_json(job, svc.settings.base_url)}
+
+
+# Disputes and arbitration ----------------------------------------------------
+
+def require_admin(account):
+    if not is_admin(account):
+        raise Forbidden('Only an admin key may do that.')
+
+
+@route('POST', '/api/jobs/<job_id>/dispute', limit='job_action')
+def post_dispute(job_id):
+    account = require_account()
+    job_id = parse_uuid(job_id, 'jobId')
+    form = Form(read_json_body())
+    claim_id = form.uuid('claimId', required=True)
+    reason = form.text('reason', required=True, max_len=5000)
+    form.done()
+    svc = service()
+    dispute, job = open_dispute(svc.db, job_id, claim_id, reason, account, svc.settings.required_votes)
+    response.status = 201
+    return {'dispute': dispute_json(dispute), 'job': job_json(job, svc.settings.base_url)}
+
+
+@route('GET', '/api/disputes')
+def get_disputes():
+    query = request.query
+    limit, offset = page_params(query)
+    where, params = [], {'limit': limit, 'offset': offset}
+    status = query_choice(query, 'status', ('open', 'resolved'))
+    if status:
+        where.append('d.status = :status')
+        params['status'] = status
+    if query.get('job_id'):
+        where.append('d.job_id = :job_id')
+        params['job_id'] = parse_uuid(query['job_id'], 'job_id')
+    clause = (' WHERE ' + ' AND '.join(where)) if where else ''
+    db = service().db
+    disputes = db.rows(f'{DISPUTE_SELECT}{clause} ORDER BY d.created_at DESC, d.rowid DESC LIMIT :limit OFFSET :offset',
+                       params)
+    return {'disputes': [dispute_json(d) for d in disputes],
+            'total': db.value('SELECT count(*) FROM disputes d' + clause, params), 'limit': limit, 'offset': offset}
+
+
+@route('GET', '/api/disputes/<dispute_id>')
+def show_dispute(dispute_id):
+    svc = service()
+    dispute = get_dispute(svc.db, parse_uuid(dispute_id, 'disputeId'))
+    return {'dispute': dispute_json(dispute),
+            'job': job_json(get_job(svc.db, dispute['job_id']), svc.settings.base_url),
+            'claim': claim_json(get_claim(svc.db, dispute['job_id'], dispute['claim_id']))}
+
+
+@route('PATCH', '/api/disputes/<dispute_id>', limit=None)
+def patch_dispute(dispute_id):
+    account = require_account()
+    dispute_id = parse_uuid(dispute_id, 'disputeId')
+    form = Form(read_json_body())
+    outcome = form.choice('outcome', OUTCOMES, required=True)
+    resolution = form.text('resolution', required=True, max_len=5000)
+    resolved_by = form.text('resolvedBy', max_len=200)
+    form.done()
+    svc = service()
+    dispute, job = resolve_dispute(svc.db, svc.settings, dispute_id, outcome, resolution, resolved_by, account)
+    return {'dispute': dispute_json(dispute), 'escrowStatus': job['escrow_status'], 'jobStatus': job['status']}
+
+
+@route('POST', '/api/disputes/<dispute_id>/vote', limit='votes')
+def post_vote(dispute_id):
+    account = require_account()
+    dispute_id = parse_uuid(dispute_id, 'disputeId')
+    form = Form(read_json_body())
+    arbitrator_id = form.uuid('arbitratorId', required=True)
+    choice = form.choice('vote', OUTCOMES, required=True)
+    reasoning = form.text('reasoning', default='', max_len=5000, allow_empty=True)
+    form.done()
+    svc = service()
+    vote, dispute = cast_vote(svc.db, svc.settings, dispute_id, arbitrator_id, choice, reasoning, account)
+    response.status = 201
+    return {'vote': vote_json(vote), 'votesReceived': dispute['votes_received'],
+            'requiredVotes': dispute['required_votes'], 'resolved': dispute['status'] == 'resolved',
+            'outcome': dispute['outcome']}
+
+
+@route('GET', '/api/disputes/<dispute_id>/vote')
+def get_votes(dispute_id):
+    db = service().db
+    dispute = get_dispute(db, parse_uuid(dispute_id, 'disputeId'))
+    votes = db.rows('SELECT * FROM votes WHERE dispute_id = :id ORDER BY created_at, rowid', {'id': dispute['id']})
+    return {'votes': [vote_json(v) for v in votes], 'summary': vote_summary(db, dispute['id'])}
+
+
+@route('POST', '/api/arbitrators', limit='arbitrators')
+def post_arbitrator():
+    account = require_account()
+    form = Form(read_json_body())
+    name = form.text('name', required=True, max_len=100)
+    wallet = form.parsed('walletAddress', read_address, required=True)
+    agent_id = form.uuid('agentId')
+    owner_id = form.uuid('accountId')
+    form.done()
+    arbitrator = register_arbitrator(service().db, account, name, wallet, agent_id, owner_id)
+    response.status = 201
+    return {'arbitrator': arbitrator_json(arbitrator)}
+
+
+@route('GET', '/api/arbitrators')
+def get_arbitrators():
+    query = request.query
+    limit, offset = page_params(query)
+    status = query_choice(query, 'status', ('active', 'suspended'))
+    clause = ' WHERE a.status = :status' if status else ''
+    params = {'status': status, 'limit': limit, 'offset': offset}
+    db = service().db
+    arbitrators = db.rows(f'''{ARBITRATOR_SELECT}{clause}
+        ORDER BY accuracy IS NULL, accuracy DESC, votes_cast DESC, a.created_at LIMIT :limit OFFSET :offset''', params)
+    return {'arbitrators': [arbitrator_json(a) for a in arbitrators],
+            'total': db.value('SELECT count(*) FROM arbitrators a' + clause, params), 'limit': limit, 'offset': offset}
+
+
+@route('PATCH', '/api/arbitrators/<arbitrator_id>', limit=None)
+def patch_arbitrator(arbitrator_id):
+    account = require_account()
+    arbitrator_id = parse_uuid(arbitrator_id, 'arbitratorId')
+    form = Form(read_json_body())
+    status = form.choice('status', ('active', 'suspended'), required=True)
+    form.done()
+    require_admin(account)
+    db = service().db
+    with db.transaction():
+        get_arbitrator(db, arbitrator_id)
+        db.execute('UPDATE arbitrators SET status = :status, updated_at = :now WHERE id = :id',
+                   {'status': status, 'now': now_iso(), 'id': arbitrator_id})
+    return {'arbitrator': arbitrator_json(get_arbitrator(db, arbitrator_id))}
+
+
+# Sweeps ----------------------------------------------------------------------
+
+@route('POST', '/api/jobs/expire', limit='sweeps')
+def post_expire():
+    account = require_account()
+    read_json_body(optional=True)
+    require_admin(account)
+    svc = service()
+    return expire_overdue_jobs(svc.db, svc.settings)
+
+
+@route('POST', '/api/jobs/auto-verify', limit='sweeps')
+def post_auto_verify():
+    account = require_account()
+    read_json_body(optional=True)
+    require_admin(account)
+    svc = service()
+    return auto_verify_deliveries(svc.db, svc.settings)
 
 
 ###############################################################################
@@ -1828,6 +2308,20 @@ def seed(db_settings, fixtures_path, out=print):
 # The server ##################################################################
 ###############################################################################
 
+def sweep_forever(service):
+    """Run both sweeps every --sweep-interval seconds, the first one interval after start."""
+    import gevent
+    while True:
+        gevent.sleep(service.settings.sweep_interval)
+        try:
+            result = run_sweeps(service.db, service.settings)
+        except Exception:
+            log.exception('sweep failed; trying again in %s s', service.settings.sweep_interval)
+            continue
+        if result['expire']['expired'] or result['expire']['reputationPenalties'] or result['autoVerify']['autoApproved']:
+            log.info('sweep: %s', json.dumps(result))
+
+
 def make_server(app, settings):
     """gevent's WSGI server with TCP_NODELAY on every accepted connection and a graceful stop.
 
@@ -1896,9 +2390,11 @@ def serve(settings):
     gevent.signal_handler(signal.SIGTERM, stop, signal.SIGTERM)
     gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)
     server.start()
+    sweeper = gevent.spawn(sweep_forever, app.service)
     log.info('marketplace %s serving on http://%s:%s (database %s, payments simulated)',
              __version__, settings.host, server.server_port, settings.db)
     server.serve_forever(stop_timeout=settings.shutdown_timeout)
+    sweeper.kill()
     app.service.close()
     log.info('stopped')
 
@@ -1918,6 +2414,7 @@ def main(argv=None):
     backup = commands.add_parser('backup', parents=[common], help='online backup of the database to PATH')
     backup.add_argument('path')
     commands.add_parser('check-ledger', parents=[common], help='check that every job balances')
+    commands.add_parser('sweep', parents=[common], help='run the expire and auto-verify sweeps once (for cron)')
     keys = commands.add_parser('keys', help='manage API keys').add_subparsers(dest='keys_command', required=True)
     create = keys.add_parser('create', parents=[common], help='create an account and print its key')
     create.add_argument('--name', required=True)
@@ -1950,6 +2447,8 @@ def main(argv=None):
     if args.command == 'backup':
         db.backup(args.path)
         print(f'Backed up {settings.db} to {args.path}')
+    elif args.command == 'sweep':
+        print(json.dumps(run_sweeps(db, settings), indent=2))
     elif args.command == 'check-ledger':
         problems = ledger_problems(db)
         print('\n'.join(problems) if problems else 'The ledger balances.')

@@ -124,4 +124,43 @@ CREATE TABLE IF NOT EXISTS ledger_entries (
 CREATE INDEX IF NOT EXISTS ledger_entries_job ON ledger_entries(job_id);
 CREATE INDEX IF NOT EXISTS ledger_entries_account ON ledger_entries(account);
 
-PRAGMA user_version = 1;
+CREATE TABLE IF NOT EXISTS disputes (
+    id              TEXT PRIMARY KEY,
+    job_id          TEXT NOT NULL REFERENCES jobs(id),
+    claim_id        TEXT NOT NULL UNIQUE REFERENCES claims(id),   -- one dispute per claim, ever
+    status          TEXT NOT NULL CHECK (status IN ('open', 'resolved')),
+    reason          TEXT NOT NULL,
+    outcome         TEXT CHECK (outcome IN ('requester', 'worker')),
+    resolution      TEXT,
+    resolved_by     TEXT,
+    required_votes  INTEGER NOT NULL,
+    created_at      TEXT NOT NULL,
+    resolved_at     TEXT
+);
+CREATE INDEX IF NOT EXISTS disputes_status ON disputes(status, created_at);
+CREATE INDEX IF NOT EXISTS disputes_job ON disputes(job_id);
+
+-- An arbitrator belongs to the account that may vote with it; agent arbitrators also name their agent.
+CREATE TABLE IF NOT EXISTS arbitrators (
+    id              TEXT PRIMARY KEY,
+    account_id      TEXT NOT NULL REFERENCES accounts(id),
+    agent_id        TEXT UNIQUE REFERENCES agents(id),
+    name            TEXT NOT NULL,
+    wallet_address  TEXT NOT NULL,
+    status          TEXT NOT NULL CHECK (status IN ('active', 'suspended')),
+    created_at      TEXT NOT NULL,
+    updated_at      TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS votes (
+    id              TEXT PRIMARY KEY,
+    dispute_id      TEXT NOT NULL REFERENCES disputes(id),
+    arbitrator_id   TEXT NOT NULL REFERENCES arbitrators(id),
+    vote            TEXT NOT NULL CHECK (vote IN ('requester', 'worker')),
+    reasoning       TEXT NOT NULL DEFAULT '',
+    created_at      TEXT NOT NULL,
+    UNIQUE (dispute_id, arbitrator_id)
+);
+CREATE INDEX IF NOT EXISTS votes_arbitrator ON votes(arbitrator_id);
+
+PRAGMA user_version = 2;

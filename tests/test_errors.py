@@ -14,6 +14,7 @@ from conftest import Client, make_account
 JSON_TYPE = 'application/json; charset=utf-8'
 SNAKE = re.compile(r'^[a-z]+(_[a-z]+)*$')
 
+WRITES = ('POST', 'PATCH')
 # POST routes that need no API key (open registration).
 NO_KEY = {'/api/accounts', '/api/agents/register'}
 # POST routes that take no body at all (none: cancel's body is optional but still parsed).
@@ -60,7 +61,7 @@ def test_every_route_answers_errors_as_json(app):
     methods_of = {}
     for method, path, _, _ in mp.ROUTES:
         methods_of.setdefault(path, set()).add(method)
-    post_paths = {path for method, path, _, _ in mp.ROUTES if method == 'POST'}
+    post_paths = {path for method, path, _, _ in mp.ROUTES if method in WRITES}
     # Every POST route is classified, so that a new one cannot slip past the body checks unnoticed.
     assert NO_KEY <= post_paths and NO_BODY <= post_paths
     assert len(mp.ROUTES) >= 15
@@ -72,7 +73,7 @@ def test_every_route_answers_errors_as_json(app):
 
         # Unknown path below this one: 404, for GET and for the route's own method.
         for probe in {'GET', method}:
-            assert_error(call(app, probe, concrete + '/no/such/thing', {} if probe == 'POST' else None, key=key),
+            assert_error(call(app, probe, concrete + '/no/such/thing', {} if probe in WRITES else None, key=key),
                          404, 'not_found', f'{probe} {path}/no/such/thing')
 
         # Wrong method: 405 with an Allow header naming the methods the path does take.
@@ -87,30 +88,31 @@ def test_every_route_answers_errors_as_json(app):
         # A malformed UUID in the path: 400 invalid_uuid (with a valid key for POST routes).
         if '<' in path:
             for bad in ('not-a-uuid', '1234', str(uuid.uuid4())[:-1] + 'g', str(uuid.uuid4()) + '0'):
-                _, body = assert_error(call(app, method, fill(path, bad), {} if method == 'POST' else None,
-                                            key=key if method == 'POST' else None),
+                _, body = assert_error(call(app, method, fill(path, bad), {} if method in WRITES else None,
+                                            key=key if method in WRITES else None),
                                        400, 'invalid_uuid', f'{where} with {bad}')
-                assert body['fields'] == {'jobId' if 'job_id' in path else 'agentId': 'must be a UUID'}
+                param = re.search(r'<(\w+)>', path).group(1)          # job_id -> jobId
+                assert body['fields'] == {re.sub(r'_(\w)', lambda m: m.group(1).upper(), param): 'must be a UUID'}
 
-        if method == 'POST':
+        if method in WRITES:
             # No key: 401, except the open-registration routes.
             if path not in NO_KEY:
-                headers, _ = assert_error(call(app, 'POST', concrete, {}), 401, 'unauthorized', where)
+                headers, _ = assert_error(call(app, method, concrete, {}), 401, 'unauthorized', where)
                 assert header(headers, 'WWW-Authenticate') == 'Bearer'
-                headers, _ = assert_error(call(app, 'POST', concrete, {}, key='mk_unknown_' + 'x' * 40),
+                headers, _ = assert_error(call(app, method, concrete, {}, key='mk_unknown_' + 'x' * 40),
                                           401, 'unauthorized', where)
                 assert header(headers, 'WWW-Authenticate') == 'Bearer'
 
             # A body over 1 MiB: 413, whatever the route.
             huge = b'{"name": "' + b'x' * mp.MAX_BODY + b'"}'
-            assert_error(call(app, 'POST', concrete, huge, key=key), 413, 'body_too_large', where)
-            assert_error(call(app, 'POST', concrete, b' ' * (mp.MAX_BODY + 1), key=key),
+            assert_error(call(app, method, concrete, huge, key=key), 413, 'body_too_large', where)
+            assert_error(call(app, method, concrete, b' ' * (mp.MAX_BODY + 1), key=key),
                          413, 'body_too_large', where)
 
             if path not in NO_BODY:
                 for raw in (b'{nope', b'[1, 2]', b'[]', b'"text"', b'42', b'null', b'{"a": 1} trailing',
                             b'\xff\xfe{}', b'{"a": NaN'):
-                    assert_error(call(app, 'POST', concrete, raw, key=key), 400, 'invalid_json',
+                    assert_error(call(app, method, concrete, raw, key=key), 400, 'invalid_json',
                                  f'{where} with {raw[:20]!r}')
         checked += 1
 
@@ -225,18 +227,18 @@ def test_validation_errors_carry_fields(client):
 
 
 def body_routes():
-    return sorted({path for method, path, _, _ in mp.ROUTES if method == 'POST' and path not in NO_BODY})
+    return sorted({(method, path) for method, path, _, _ in mp.ROUTES if method in WRITES and path not in NO_BODY})
 
 
 def test_non_finite_numbers_are_not_json(app):
     """NaN, Infinity and numbers that overflow a double are not JSON (RFC 8259): 400 invalid_json,
     or they would be stored and later sent out as NaN/Infinity, which strict parsers refuse."""
     _, key = make_account(mp_client(app))
-    for path in body_routes():
+    for method, path in body_routes():
         concrete = fill(path, str(uuid.uuid4()))
         for number in (b'NaN', b'Infinity', b'-Infinity', b'1e400'):
-            assert_error(call(app, 'POST', concrete, b'{"name": "x", "extra": ' + number + b'}', key=key),
-                         400, 'invalid_json', f'POST {path} with {number!r}')
+            assert_error(call(app, method, concrete, b'{"name": "x", "extra": ' + number + b'}', key=key),
+                         400, 'invalid_json', f'{method} {path} with {number!r}')
 
 
 def test_uuid_with_a_trailing_newline_is_malformed_on_every_route(app):
@@ -245,8 +247,8 @@ def test_uuid_with_a_trailing_newline_is_malformed_on_every_route(app):
         if '<' not in path:
             continue
         bad = str(uuid.uuid4()) + '\n'
-        assert_error(call(app, method, fill(path, bad), {} if method == 'POST' else None,
-                                    key=key if method == 'POST' else None),
+        assert_error(call(app, method, fill(path, bad), {} if method in WRITES else None,
+                                    key=key if method in WRITES else None),
                                400, 'invalid_uuid', f'{method} {path}')
 
 
