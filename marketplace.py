@@ -1417,6 +1417,12 @@ def open_dispute(db, job_id, claim_id, reason, account, required_votes):
         if claim['status'] != 'delivered':
             raise Conflict(f'The claim is {claim["status"]}; only a delivered claim can be disputed.',
                            code='claim_not_delivered')
+        # One price, one winner: a first-wins or best-wins job holds one open dispute at a time, so
+        # that deciding it for the worker never collides with another claim's dispute.
+        if job['competition_mode'] != 'all-paid' and db.value(
+                "SELECT 1 FROM disputes WHERE job_id = :id AND status = 'open'", {'id': job_id}):
+            raise Conflict('Another delivery of this job is under dispute; dispute this one after it is '
+                           'resolved.', code='dispute_open')
         dispute = {'id': new_id(), 'job_id': job_id, 'claim_id': claim_id, 'status': 'open', 'reason': reason,
                    'outcome': None, 'resolution': None, 'resolved_by': None, 'required_votes': required_votes,
                    'created_at': now_iso(), 'resolved_at': None}

@@ -1,0 +1,914 @@
+"""Disputes, arbitrators and community votes.
+
+CONTRACT.md sections 2 (who may do what), 3 (dispute on a delivery), 4 (reputation), 5 (disputes and
+arbitration) and 11 (parties, outcome null until resolved, accuracy and ranking), and SPEC.md's
+Disputes and Community arbitration. Every path that settles a dispute is checked down to the job's
+payment records, the ledger accounts and the worker's reputation entries; the `app` fixture then
+checks that the whole ledger balances.
+"""
+
+import re
+
+import pytest
+
+import marketplace as mp
+from conftest import ADMIN_KEY, Client, Market, in_hours, make_account, make_agent, random_wallet
+
+ISO_MS_Z = re.compile(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$')
+DISPUTE_FIELDS = {'id', 'jobId', 'claimId', 'status', 'reason', 'outcome', 'resolution', 'resolvedBy',
+                  'requiredVotes', 'votesReceived', 'createdAt', 'resolvedAt'}
+ARBITRATOR_FIELDS = {'id', 'name', 'walletAddress', 'agentId', 'accountId', 'status', 'accuracy',
+                     'votesCast', 'createdAt'}
+VOTE_FIELDS = {'id', 'disputeId', 'arbitratorId', 'vote', 'reasoning', 'createdAt'}
+UNKNOWN_ID = '00000000-0000-4000-8000-000000000000'
+USDC = 1_000_000   # base units in one USDC
+
+
+# Helpers ---------------------------------------------------------------------
+
+def assert_error(answer, status, code, fields=None):
+    """The contract's JSON error {error, code, status[, fields]}; return the body."""
+    assert answer.status == status, answer
+    body = answer.json
+    assert isinstance(body, dict), answer
+    assert (body['status'], body['code']) == (status, code), body
+    assert isinstance(body['error'], str) and body['error'].strip(), body
+    if fields is not None:
+        assert set(body['fields']) == set(fields), body
+    return body
+
+
+def open_dispute(client, job, claim, key, reason='The output does not build.'):
+    answer = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': claim['id'], 'reason': reason}, key=key)
+    assert answer.status == 201, answer
+    return answer.json['dispute']
+
+
+def disputed_job(market, **overrides):
+    """A job whose one delivery the requester disputes: (job, claim, dispute)."""
+    job, claim = market.delivered_job(**overrides)
+    return job, claim, open_dispute(market.client, job, claim, market.requester_key)
+
+
+def register_arbitrator(client, key, **body):
+    body.setdefault('name', 'arbiter')
+    body.setdefault('walletAddress', random_wallet())
+    return client.post('/api/arbitrators', body, key=key)
+
+
+def make_arbitrators(client, count, prefix='arbiter'):
+    """`count` human arbitrators, each owned by its own new member account: [(arbitrator, key)]."""
+    made = []
+    for number in range(count):
+        account, key = make_account(client, f'{prefix}-{number}')
+        answer = register_arbitrator(client, ADMIN_KEY, name=f'{prefix} {number}', accountId=account['id'])
+        assert answer.status == 201, answer
+        assert answer.json['arbitrator']['accountId'] == account['id']
+        made.append((answer.json['arbitrator'], key))
+    return made
+
+
+def vote(client, dispute, arbitrator, key, choice, reasoning='I read the deliverable.'):
+    return client.post(f'/api/disputes/{dispute["id"]}/vote',
+                       {'arbitratorId': arbitrator['id'], 'vote': choice, 'reasoning': reasoning}, key=key)
+
+
+def resolve(client, dispute, outcome, key=ADMIN_KEY, **extra):
+    body = {'outcome': outcome, 'resolution': f'Decided for the {outcome}.', **extra}
+    return client.patch(f'/api/disputes/{dispute["id"]}', body, key=key)
+
+
+def get_dispute(client, dispute):
+    answer = client.get(f'/api/disputes/{dispute["id"]}')
+    assert answer.status == 200, answer
+    return answer.json
+
+
+def get_agent(client, agent):
+    answer = client.get(f'/api/agents/{agent["id"]}')
+    assert answer.status == 200, answer
+    return answer.json
+
+
+def arbitrator_list(client, query=''):
+    answer = client.get('/api/arbitrators' + query)
+    assert answer.status == 200, answer
+    return answer.json
+
+
+def set_reputation(app, agent, hundredths):
+    app.service.db.execute('UPDATE agents SET reputation = :score WHERE id = :id',
+                           {'score': hundredths, 'id': agent['id']})
+
+
+def ledger_balance(app, account, job=None):
+    """What a ledger account holds in base units (only from one job's entries, given a job)."""
+    return app.service.db.value('''SELECT coalesce(sum(amount), 0) FROM ledger_entries
+                                   WHERE account = :a AND (:job IS NULL OR job_id = :job)''',
+                                {'a': account, 'job': job['id'] if job else None})
+
+
+def admin_account_id(app):
+    return app.service.db.value('SELECT account_id FROM api_keys WHERE key_hash = :h',
+                                {'h': mp.hash_key(ADMIN_KEY)})
+
+
+def payments_of(shown):
+    return [(p['type'], p['amount'], p['recipient']) for p in shown['payments']]
+
+
+def history_of(client, agent):
+    return [(e['delta'], e['reason'], e['jobId'], e['claimId'], e['scoreAfter'])
+            for e in get_agent(client, agent)['reputationHistory']]
+
+
+def assert_still_open(market, job, claim, dispute, votes=0):
+    """Nothing moved: the dispute is open, claim and job disputed, the escrow locked and untouched."""
+    shown = get_dispute(market.client, dispute)
+    assert (shown['dispute']['status'], shown['dispute']['outcome'], shown['dispute']['votesReceived']) == \
+        ('open', None, votes)
+    assert (shown['job']['status'], shown['job']['escrowStatus'], shown['claim']['status']) == \
+        ('disputed', 'locked', 'disputed')
+    assert [p['type'] for p in market.get_job(job)['payments']] == ['escrow']
+    assert get_agent(market.client, market.agent)['reputationHistory'] == []
+
+
+def assert_paid_to_worker(market, app, job, claim, amount):
+    """Outcome worker: claim approved, job completed, the whole price released, +1.50 `dispute won`."""
+    shown = market.get_job(job)
+    assert (shown['job']['status'], shown['job']['escrowStatus']) == ('completed', 'released')
+    assert [(c['id'], c['status']) for c in shown['claims']] == [(claim['id'], 'approved')]
+    assert ISO_MS_Z.match(shown['claims'][0]['verifiedAt'])
+    assert payments_of(shown) == [('escrow', amount, 'escrow'), ('release', amount, market.agent['walletAddress'])]
+    assert all((p['currency'], p['rail'], p['txHash']) == ('USDC', 'base', None) for p in shown['payments'])
+    units = int(amount.replace('.', '')) * USDC // 100
+    assert ledger_balance(app, mp.escrow_account(job['id'])) == 0
+    assert ledger_balance(app, f'worker:{market.agent["id"]}', job) == units
+    assert ledger_balance(app, f'funding:{market.requester["id"]}', job) == -units
+    agent = get_agent(market.client, market.agent)
+    assert (agent['agent']['reputationScore'], agent['agent']['jobsCompleted'], agent['agent']['totalEarned']) == \
+        ('1.50', 1, amount)
+    assert history_of(market.client, market.agent) == [('1.50', 'dispute won', job['id'], claim['id'], '1.50')]
+
+
+def assert_refunded_to_requester(market, app, job, claim, amount, score_after='0.00'):
+    """Outcome requester: claim rejected, job refunded, the whole price back, −1.00 `dispute lost`."""
+    shown = market.get_job(job)
+    assert (shown['job']['status'], shown['job']['escrowStatus']) == ('refunded', 'refunded')
+    assert [(c['id'], c['status']) for c in shown['claims']] == [(claim['id'], 'rejected')]
+    assert payments_of(shown) == [('escrow', amount, 'escrow'), ('refund', amount, market.requester['id'])]
+    assert ledger_balance(app, mp.escrow_account(job['id'])) == 0
+    assert ledger_balance(app, f'worker:{market.agent["id"]}', job) == 0
+    assert ledger_balance(app, f'funding:{market.requester["id"]}', job) == 0
+    agent = get_agent(market.client, market.agent)
+    assert (agent['agent']['reputationScore'], agent['agent']['jobsCompleted'], agent['agent']['totalEarned']) == \
+        (score_after, 0, '0.00')
+    assert history_of(market.client, market.agent) == [('-1.00', 'dispute lost', job['id'], claim['id'], score_after)]
+
+
+# Opening a dispute -----------------------------------------------------------
+
+def test_requester_disputes_a_delivery(market, client, app):
+    job, claim = market.delivered_job(paymentAmount='40.00')
+    answer = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': claim['id'], 'reason': 'Tests still fail.'},
+                         key=market.requester_key)
+    assert answer.status == 201, answer
+    assert set(answer.json) == {'dispute', 'job'}
+    dispute = answer.json['dispute']
+    assert set(dispute) == DISPUTE_FIELDS
+    assert ISO_MS_Z.match(dispute['createdAt'])
+    assert {k: v for k, v in dispute.items() if k not in ('id', 'createdAt')} == {
+        'jobId': job['id'], 'claimId': claim['id'], 'status': 'open', 'reason': 'Tests still fail.',
+        'outcome': None, 'resolution': None, 'resolvedBy': None, 'requiredVotes': 3, 'votesReceived': 0,
+        'resolvedAt': None}
+    assert (answer.json['job']['id'], answer.json['job']['status'], answer.json['job']['escrowStatus']) == \
+        (job['id'], 'disputed', 'locked')
+    shown = market.get_job(job)
+    assert (shown['job']['status'], shown['job']['escrowStatus']) == ('disputed', 'locked')
+    assert [c['status'] for c in shown['claims']] == ['disputed']
+    assert payments_of(shown) == [('escrow', '40.00', 'escrow')]
+    assert ledger_balance(app, mp.escrow_account(job['id'])) == 40 * USDC
+    assert get_agent(client, market.agent)['reputationHistory'] == []
+
+
+def test_admin_may_dispute_for_the_requester(market, client):
+    job, claim = market.delivered_job()
+    dispute = open_dispute(client, job, claim, ADMIN_KEY)
+    assert (dispute['status'], dispute['claimId']) == ('open', claim['id'])
+    assert market.get_job(job)['job']['status'] == 'disputed'
+
+
+def test_worker_cannot_dispute(market, client):
+    job, claim = market.delivered_job()
+    answer = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': claim['id'], 'reason': 'Pay me.'},
+                         key=market.worker_key)
+    assert_error(answer, 403, 'forbidden')
+    _, stranger_key = make_account(client, 'stranger')
+    answer = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': claim['id'], 'reason': 'Hm.'},
+                         key=stranger_key)
+    assert_error(answer, 403, 'forbidden')
+    answer = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': claim['id'], 'reason': 'Hm.'})
+    assert_error(answer, 401, 'unauthorized')
+    assert client.get('/api/disputes').json['total'] == 0
+    assert market.get_job(job)['job']['status'] == 'delivered'
+
+
+@pytest.mark.parametrize('body, fields', [
+    ({}, {'reason'}),
+    ({'reason': '   '}, {'reason'}),
+    ({'reason': 42}, {'reason'}),
+])
+def test_dispute_needs_a_reason(market, client, body, fields):
+    job, claim = market.delivered_job()
+    answer = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': claim['id'], **body},
+                         key=market.requester_key)
+    assert_error(answer, 400, 'validation_failed', fields)
+    assert market.get_job(job)['claims'][0]['status'] == 'delivered'
+
+
+def test_dispute_needs_a_claim_of_this_job(market, client):
+    job, claim = market.delivered_job()
+    other, other_claim = market.delivered_job()
+    answer = client.post(f'/api/jobs/{job["id"]}/dispute', {'reason': 'x'}, key=market.requester_key)
+    assert_error(answer, 400, 'validation_failed', {'claimId'})
+    answer = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': 'nope', 'reason': 'x'},
+                         key=market.requester_key)
+    assert_error(answer, 400, 'invalid_uuid')
+    answer = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': other_claim['id'], 'reason': 'x'},
+                         key=market.requester_key)
+    assert_error(answer, 404, 'not_found')
+    answer = client.post(f'/api/jobs/{UNKNOWN_ID}/dispute', {'claimId': claim['id'], 'reason': 'x'},
+                         key=market.requester_key)
+    assert_error(answer, 404, 'not_found')
+
+
+def test_only_a_delivered_claim_can_be_disputed(market, client):
+    job = market.job()
+    claim = market.claim(job)
+    answer = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': claim['id'], 'reason': 'Too slow.'},
+                         key=market.requester_key)
+    assert_error(answer, 409, 'claim_not_delivered')
+    assert market.get_job(job)['claims'][0]['status'] == 'claimed'
+    # Approved already: nothing left to dispute.
+    done, delivered = market.delivered_job()
+    assert market.verify(done, delivered, True).status == 200
+    answer = client.post(f'/api/jobs/{done["id"]}/dispute', {'claimId': delivered['id'], 'reason': 'Late.'},
+                         key=market.requester_key)
+    assert_error(answer, 409, 'claim_not_delivered')
+    assert client.get('/api/disputes').json['total'] == 0
+
+
+def test_a_claim_is_disputed_once_ever(market, client):
+    job, claim, dispute = disputed_job(market)
+    again = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': claim['id'], 'reason': 'Again.'},
+                        key=market.requester_key)
+    assert_error(again, 409, 'already_disputed')
+    assert resolve(client, dispute, 'requester').status == 200
+    after = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': claim['id'], 'reason': 'Once more.'},
+                        key=market.requester_key)
+    assert_error(after, 409, 'already_disputed')
+    assert client.get('/api/disputes').json['total'] == 1
+
+
+def test_a_disputed_claim_cannot_be_verified(market, client):
+    job, claim, dispute = disputed_job(market)
+    for approved in (True, False):
+        assert_error(market.verify(job, claim, approved), 409, 'claim_not_delivered')
+    assert_still_open(market, job, claim, dispute)
+
+
+def test_sweeps_leave_a_dispute_to_the_arbitrators(market, client, real_clock):
+    job, claim, dispute = disputed_job(market, deadline=in_hours(30))
+    real_clock.advance(hours=31)
+    verified = client.post('/api/jobs/auto-verify', key=ADMIN_KEY)
+    assert verified.status == 200, verified
+    assert (verified.json['autoApproved'], verified.json['claimIds']) == (0, [])
+    expired = client.post('/api/jobs/expire', key=ADMIN_KEY)
+    assert expired.status == 200, expired
+    assert (expired.json['expired'], expired.json['jobIds'], expired.json['reputationPenalties']) == (0, [], 0)
+    assert_still_open(market, job, claim, dispute)
+
+
+# Showing and listing disputes -------------------------------------------------
+
+def test_show_a_dispute(market, client):
+    job, claim, dispute = disputed_job(market)
+    shown = get_dispute(client, dispute)
+    assert set(shown) == {'dispute', 'job', 'claim'}
+    assert shown['dispute'] == dispute
+    assert (shown['job']['id'], shown['job']['status'], shown['job']['escrowStatus']) == \
+        (job['id'], 'disputed', 'locked')
+    assert (shown['claim']['id'], shown['claim']['status'], shown['claim']['agentId']) == \
+        (claim['id'], 'disputed', market.agent['id'])
+    assert_error(client.get(f'/api/disputes/{UNKNOWN_ID}'), 404, 'not_found')
+    assert_error(client.get('/api/disputes/not-a-uuid'), 400, 'invalid_uuid')
+    upper = client.get(f'/api/disputes/{dispute["id"].upper()}')
+    assert upper.status == 200 and upper.json['dispute']['id'] == dispute['id']
+
+
+def test_list_disputes_filters_and_pages(market, client):
+    made = [disputed_job(market) for _ in range(3)]
+    (job1, _, d1), (job2, _, d2), (job3, _, d3) = made
+    assert resolve(client, d1, 'worker').status == 200
+
+    def ids(query=''):
+        answer = client.get('/api/disputes' + query)
+        assert answer.status == 200, answer
+        assert set(answer.json) == {'disputes', 'total', 'limit', 'offset'}
+        return [d['id'] for d in answer.json['disputes']], answer.json['total'], answer.json['limit'], \
+            answer.json['offset']
+
+    assert ids() == ([d3['id'], d2['id'], d1['id']], 3, 50, 0)
+    assert ids('?status=open') == ([d3['id'], d2['id']], 2, 50, 0)
+    assert ids('?status=resolved') == ([d1['id']], 1, 50, 0)
+    assert ids(f'?job_id={job2["id"]}') == ([d2['id']], 1, 50, 0)
+    assert ids(f'?job_id={job2["id"].upper()}') == ([d2['id']], 1, 50, 0)
+    assert ids(f'?job_id={job1["id"]}&status=open') == ([], 0, 50, 0)
+    assert ids(f'?job_id={job1["id"]}&status=resolved') == ([d1['id']], 1, 50, 0)
+    assert ids(f'?job_id={UNKNOWN_ID}') == ([], 0, 50, 0)
+    assert ids('?limit=1') == ([d3['id']], 3, 1, 0)
+    assert ids('?limit=1&offset=1') == ([d2['id']], 3, 1, 1)
+    assert ids('?limit=2&offset=2') == ([d1['id']], 3, 2, 2)
+    assert ids('?offset=5') == ([], 3, 50, 5)
+    assert ids('?limit=500') == ([d3['id'], d2['id'], d1['id']], 3, 200, 0)
+    listed = client.get('/api/disputes?status=resolved').json['disputes'][0]
+    assert (listed['status'], listed['outcome'], listed['resolvedBy']) == ('resolved', 'worker', 'admin')
+
+    assert_error(client.get('/api/disputes?status=closed'), 400, 'invalid_parameter')
+    assert_error(client.get('/api/disputes?job_id=12345'), 400, 'invalid_uuid')
+    assert_error(client.get('/api/disputes?limit=0'), 400, 'invalid_parameter')
+    assert_error(client.get('/api/disputes?limit=-1'), 400, 'invalid_parameter')
+    assert_error(client.get('/api/disputes?offset=x'), 400, 'invalid_parameter')
+
+
+# Resolving by PATCH ------------------------------------------------------------
+
+def test_patch_for_the_worker_pays_the_worker(market, client, app):
+    job, claim, dispute = disputed_job(market, paymentAmount='37.50')
+    answer = resolve(client, dispute, 'worker', resolvedBy='Support desk')
+    assert answer.status == 200, answer
+    assert set(answer.json) == {'dispute', 'escrowStatus', 'jobStatus'}
+    assert (answer.json['escrowStatus'], answer.json['jobStatus']) == ('released', 'completed')
+    resolved = answer.json['dispute']
+    assert set(resolved) == DISPUTE_FIELDS
+    assert (resolved['id'], resolved['status'], resolved['outcome'], resolved['resolution'],
+            resolved['resolvedBy'], resolved['votesReceived']) == \
+        (dispute['id'], 'resolved', 'worker', 'Decided for the worker.', 'Support desk', 0)
+    assert ISO_MS_Z.match(resolved['resolvedAt']) and resolved['resolvedAt'] >= resolved['createdAt']
+    assert get_dispute(client, dispute)['dispute'] == resolved
+    assert get_dispute(client, dispute)['claim']['status'] == 'approved'
+    assert_paid_to_worker(market, app, job, claim, '37.50')
+
+
+def test_patch_for_the_requester_refunds_at_the_reputation_floor(market, client, app):
+    job, claim, dispute = disputed_job(market, paymentAmount='12.34')
+    answer = resolve(client, dispute, 'requester')
+    assert answer.status == 200, answer
+    assert (answer.json['escrowStatus'], answer.json['jobStatus']) == ('refunded', 'refunded')
+    resolved = answer.json['dispute']
+    assert (resolved['status'], resolved['outcome'], resolved['resolution'], resolved['resolvedBy']) == \
+        ('resolved', 'requester', 'Decided for the requester.', 'admin')
+    assert ISO_MS_Z.match(resolved['resolvedAt'])
+    assert get_dispute(client, dispute)['claim']['status'] == 'rejected'
+    assert_refunded_to_requester(market, app, job, claim, '12.34')
+
+
+def test_patch_for_the_requester_takes_one_point(market, client, app):
+    set_reputation(app, market.agent, 500)
+    job, claim, dispute = disputed_job(market)
+    assert resolve(client, dispute, 'requester').status == 200
+    assert_refunded_to_requester(market, app, job, claim, '25.00', score_after='4.00')
+
+
+def test_patch_by_an_uninvolved_arbitrator_owner(market, client, app):
+    job, claim, dispute = disputed_job(market)
+    [(arbitrator, key)] = make_arbitrators(client, 1, prefix='judge')
+    answer = resolve(client, dispute, 'worker', key=key)
+    assert answer.status == 200, answer
+    assert (answer.json['dispute']['resolvedBy'], answer.json['jobStatus']) == ('judge-0', 'completed')
+    assert_paid_to_worker(market, app, job, claim, '25.00')
+
+
+def test_patch_by_the_owner_of_an_agent_arbitrator(market, client, app):
+    job, claim, dispute = disputed_job(market)
+    owner, owner_key = make_account(client, 'senior-agent-owner')
+    agent, _ = make_agent(client, owner_key, name='senior')
+    set_reputation(app, agent, 1000)
+    assert register_arbitrator(client, owner_key, agentId=agent['id']).status == 201
+    answer = resolve(client, dispute, 'requester', key=owner_key)
+    assert answer.status == 200, answer
+    assert (answer.json['dispute']['resolvedBy'], answer.json['jobStatus'], answer.json['escrowStatus']) == \
+        ('senior-agent-owner', 'refunded', 'refunded')
+    assert_refunded_to_requester(market, app, job, claim, '25.00')
+
+
+def test_parties_cannot_decide_their_own_dispute(market, client, app):
+    job, claim, dispute = disputed_job(market)
+    assert_error(resolve(client, dispute, 'requester', key=market.requester_key), 403, 'conflict_of_interest')
+    assert_error(resolve(client, dispute, 'worker', key=market.worker_key), 403, 'conflict_of_interest')
+    # Owning an active arbitrator does not change that.
+    human = register_arbitrator(client, ADMIN_KEY, accountId=market.requester['id'])
+    assert human.status == 201, human
+    set_reputation(app, market.agent, 1000)
+    machine = register_arbitrator(client, market.worker_key, agentId=market.agent['id'])
+    assert machine.status == 201, machine
+    assert_error(resolve(client, dispute, 'requester', key=market.requester_key), 403, 'conflict_of_interest')
+    assert_error(resolve(client, dispute, 'worker', key=market.worker_key), 403, 'conflict_of_interest')
+    assert_still_open(market, job, claim, dispute)
+
+
+def test_patch_needs_an_admin_or_an_active_arbitrator(market, client):
+    job, claim, dispute = disputed_job(market)
+    _, stranger_key = make_account(client, 'stranger')
+    assert_error(resolve(client, dispute, 'worker', key=stranger_key), 403, 'forbidden')
+    [(arbitrator, key)] = make_arbitrators(client, 1)
+    suspended = client.patch(f'/api/arbitrators/{arbitrator["id"]}', {'status': 'suspended'}, key=ADMIN_KEY)
+    assert suspended.status == 200, suspended
+    assert_error(resolve(client, dispute, 'worker', key=key), 403, 'forbidden')
+    assert_error(resolve(client, dispute, 'worker', key=None), 401, 'unauthorized')
+    assert_still_open(market, job, claim, dispute)
+
+
+def test_a_resolved_dispute_stays_resolved(market, client, app):
+    job, claim, dispute = disputed_job(market)
+    first = resolve(client, dispute, 'worker')
+    assert first.status == 200, first
+    assert_error(resolve(client, dispute, 'requester'), 409, 'dispute_resolved')
+    assert_error(resolve(client, dispute, 'worker'), 409, 'dispute_resolved')
+    [(arbitrator, key)] = make_arbitrators(client, 1)
+    assert_error(resolve(client, dispute, 'requester', key=key), 409, 'dispute_resolved')
+    assert get_dispute(client, dispute)['dispute'] == first.json['dispute']
+    assert_paid_to_worker(market, app, job, claim, '25.00')
+
+
+@pytest.mark.parametrize('body, fields', [
+    ({'resolution': 'Decided.'}, {'outcome'}),
+    ({'resolution': 'Decided.', 'outcome': 'nobody'}, {'outcome'}),
+    ({'resolution': 'Decided.', 'outcome': None}, {'outcome'}),
+    ({'resolution': 'Decided.', 'outcome': 'WORKER'}, {'outcome'}),
+])
+def test_patch_needs_a_valid_outcome(market, client, body, fields):
+    job, claim, dispute = disputed_job(market)
+    answer = client.patch(f'/api/disputes/{dispute["id"]}', body, key=ADMIN_KEY)
+    assert_error(answer, 400, 'validation_failed', fields)
+    assert_still_open(market, job, claim, dispute)
+
+
+def test_patch_unknown_or_malformed_dispute(client):
+    assert_error(client.patch(f'/api/disputes/{UNKNOWN_ID}', {'outcome': 'worker', 'resolution': 'x'},
+                              key=ADMIN_KEY), 404, 'not_found')
+    assert_error(client.patch('/api/disputes/123', {'outcome': 'worker', 'resolution': 'x'},
+                              key=ADMIN_KEY), 400, 'invalid_uuid')
+
+
+# Community votes ---------------------------------------------------------------
+
+def test_three_votes_two_to_one_for_the_worker(market, client, app):
+    job, claim, dispute = disputed_job(market, paymentAmount='60.00')
+    (a, a_key), (b, b_key), (c, c_key) = make_arbitrators(client, 3)
+
+    first = vote(client, dispute, a, a_key, 'requester', 'Two tests are still red.')
+    assert first.status == 201, first
+    assert set(first.json) == {'vote', 'votesReceived', 'requiredVotes', 'resolved', 'outcome'}
+    assert set(first.json['vote']) == VOTE_FIELDS
+    assert ISO_MS_Z.match(first.json['vote']['createdAt'])
+    assert {k: v for k, v in first.json['vote'].items() if k not in ('id', 'createdAt')} == {
+        'disputeId': dispute['id'], 'arbitratorId': a['id'], 'vote': 'requester',
+        'reasoning': 'Two tests are still red.'}
+    assert (first.json['votesReceived'], first.json['requiredVotes'], first.json['resolved'],
+            first.json['outcome']) == (1, 3, False, None)
+
+    second = vote(client, dispute, b, b_key, 'worker')
+    assert second.status == 201, second
+    assert (second.json['votesReceived'], second.json['resolved'], second.json['outcome']) == (2, False, None)
+    assert_still_open(market, job, claim, dispute, votes=2)
+
+    third = vote(client, dispute, c, c_key, 'worker')
+    assert third.status == 201, third
+    assert (third.json['votesReceived'], third.json['requiredVotes'], third.json['resolved'],
+            third.json['outcome']) == (3, 3, True, 'worker')
+
+    resolved = get_dispute(client, dispute)['dispute']
+    assert (resolved['status'], resolved['outcome'], resolved['resolvedBy'], resolved['votesReceived']) == \
+        ('resolved', 'worker', 'community', 3)
+    assert isinstance(resolved['resolution'], str) and resolved['resolution'].strip()
+    assert ISO_MS_Z.match(resolved['resolvedAt'])
+    assert_paid_to_worker(market, app, job, claim, '60.00')
+
+    votes = client.get(f'/api/disputes/{dispute["id"]}/vote')
+    assert votes.status == 200, votes
+    assert votes.json['summary'] == {'requester': 1, 'worker': 2, 'total': 3}
+    assert [(v['arbitratorId'], v['vote']) for v in votes.json['votes']] == \
+        [(a['id'], 'requester'), (b['id'], 'worker'), (c['id'], 'worker')]
+    assert votes.json['votes'][0] == first.json['vote']
+    assert all(set(v) == VOTE_FIELDS and v['disputeId'] == dispute['id'] for v in votes.json['votes'])
+
+    ranked = {x['id']: (x['accuracy'], x['votesCast']) for x in arbitrator_list(client)['arbitrators']}
+    assert ranked == {a['id']: (0.0, 1), b['id']: (1.0, 1), c['id']: (1.0, 1)}
+
+
+def test_three_votes_two_to_one_for_the_requester(market, client, app):
+    job, claim, dispute = disputed_job(market, paymentAmount='60.00')
+    (a, a_key), (b, b_key), (c, c_key) = make_arbitrators(client, 3)
+    assert vote(client, dispute, a, a_key, 'worker').status == 201
+    assert vote(client, dispute, b, b_key, 'requester').status == 201
+    third = vote(client, dispute, c, c_key, 'requester')
+    assert third.status == 201, third
+    assert (third.json['votesReceived'], third.json['resolved'], third.json['outcome']) == (3, True, 'requester')
+    shown = get_dispute(client, dispute)
+    assert (shown['dispute']['status'], shown['dispute']['outcome'], shown['dispute']['resolvedBy']) == \
+        ('resolved', 'requester', 'community')
+    assert (shown['job']['status'], shown['job']['escrowStatus'], shown['claim']['status']) == \
+        ('refunded', 'refunded', 'rejected')
+    assert client.get(f'/api/disputes/{dispute["id"]}/vote').json['summary'] == \
+        {'requester': 2, 'worker': 1, 'total': 3}
+    assert_refunded_to_requester(market, app, job, claim, '60.00')
+    ranked = {x['id']: x['accuracy'] for x in arbitrator_list(client)['arbitrators']}
+    assert ranked == {a['id']: 0.0, b['id']: 1.0, c['id']: 1.0}
+
+
+def test_votes_before_any_is_cast(market, client):
+    job, claim, dispute = disputed_job(market)
+    answer = client.get(f'/api/disputes/{dispute["id"]}/vote')
+    assert answer.status == 200, answer
+    assert answer.json == {'votes': [], 'summary': {'requester': 0, 'worker': 0, 'total': 0}}
+    assert_error(client.get(f'/api/disputes/{UNKNOWN_ID}/vote'), 404, 'not_found')
+    assert_error(client.get('/api/disputes/zzz/vote'), 400, 'invalid_uuid')
+
+
+def test_an_arbitrator_votes_once(market, client):
+    job, claim, dispute = disputed_job(market)
+    [(a, a_key)] = make_arbitrators(client, 1)
+    assert vote(client, dispute, a, a_key, 'worker').status == 201
+    assert_error(vote(client, dispute, a, a_key, 'worker'), 409, 'already_voted')
+    assert_error(vote(client, dispute, a, a_key, 'requester'), 409, 'already_voted')
+    assert client.get(f'/api/disputes/{dispute["id"]}/vote').json['summary'] == \
+        {'requester': 0, 'worker': 1, 'total': 1}
+    assert_still_open(market, job, claim, dispute, votes=1)
+
+
+def test_no_vote_on_a_resolved_dispute(market, client, app):
+    job, claim, dispute = disputed_job(market)
+    arbitrators = make_arbitrators(client, 4)
+    for (arbitrator, key), choice in zip(arbitrators[:3], ('worker', 'worker', 'requester')):
+        assert vote(client, dispute, arbitrator, key, choice).status == 201
+    late, late_key = arbitrators[3]
+    assert_error(vote(client, dispute, late, late_key, 'requester'), 409, 'dispute_resolved')
+    assert get_dispute(client, dispute)['dispute']['votesReceived'] == 3
+    assert_paid_to_worker(market, app, job, claim, '25.00')
+    # Resolved by PATCH: the same.
+    other_job, other_claim, other = disputed_job(market)
+    assert resolve(client, other, 'worker').status == 200
+    assert_error(vote(client, other, late, late_key, 'worker'), 409, 'dispute_resolved')
+    assert client.get(f'/api/disputes/{other["id"]}/vote').json['votes'] == []
+
+
+def test_vote_needs_the_arbitrators_owner(market, client):
+    job, claim, dispute = disputed_job(market)
+    (a, a_key), (b, b_key) = make_arbitrators(client, 2)
+    assert_error(vote(client, dispute, a, b_key, 'worker'), 403, 'forbidden')
+    _, stranger_key = make_account(client, 'stranger')
+    assert_error(vote(client, dispute, a, stranger_key, 'worker'), 403, 'forbidden')
+    assert_error(vote(client, dispute, a, None, 'worker'), 401, 'unauthorized')
+    assert_error(vote(client, dispute, {'id': UNKNOWN_ID}, a_key, 'worker'), 404, 'not_found')
+    assert_error(vote(client, {'id': UNKNOWN_ID}, a, a_key, 'worker'), 404, 'not_found')
+    assert_still_open(market, job, claim, dispute)
+
+
+def test_suspended_arbitrator_cannot_vote(market, client):
+    job, claim, dispute = disputed_job(market)
+    [(a, a_key)] = make_arbitrators(client, 1)
+    assert client.patch(f'/api/arbitrators/{a["id"]}', {'status': 'suspended'}, key=ADMIN_KEY).status == 200
+    assert_error(vote(client, dispute, a, a_key, 'worker'), 403, 'arbitrator_suspended')
+    assert_still_open(market, job, claim, dispute)
+    reinstated = client.patch(f'/api/arbitrators/{a["id"]}', {'status': 'active'}, key=ADMIN_KEY)
+    assert (reinstated.status, reinstated.json['arbitrator']['status']) == (200, 'active')
+    answer = vote(client, dispute, a, a_key, 'worker')
+    assert (answer.status, answer.json['votesReceived']) == (201, 1)
+
+
+def test_parties_cannot_vote(market, client, app):
+    job, claim, dispute = disputed_job(market)
+    human = register_arbitrator(client, ADMIN_KEY, name='requester as judge', accountId=market.requester['id'])
+    assert human.status == 201, human
+    set_reputation(app, market.agent, 1000)
+    machine = register_arbitrator(client, market.worker_key, name='worker as judge', agentId=market.agent['id'])
+    assert machine.status == 201, machine
+    assert_error(vote(client, dispute, human.json['arbitrator'], market.requester_key, 'requester'),
+                 403, 'conflict_of_interest')
+    assert_error(vote(client, dispute, machine.json['arbitrator'], market.worker_key, 'worker'),
+                 403, 'conflict_of_interest')
+    shown = get_dispute(client, dispute)
+    assert (shown['dispute']['status'], shown['dispute']['votesReceived']) == ('open', 0)
+    assert [p['type'] for p in market.get_job(job)['payments']] == ['escrow']
+
+
+@pytest.mark.parametrize('body, status, code', [
+    ({'vote': 'maybe'}, 400, 'validation_failed'),
+    ({'vote': None}, 400, 'validation_failed'),
+    ({'arbitratorId': 'x'}, 400, 'invalid_uuid'),
+    ({'arbitratorId': None}, 400, 'validation_failed'),
+])
+def test_vote_body_is_checked(market, client, body, status, code):
+    job, claim, dispute = disputed_job(market)
+    [(a, a_key)] = make_arbitrators(client, 1)
+    full = {'arbitratorId': a['id'], 'vote': 'worker', 'reasoning': 'ok', **body}
+    answer = client.post(f'/api/disputes/{dispute["id"]}/vote', full, key=a_key)
+    assert_error(answer, status, code)
+    assert_still_open(market, job, claim, dispute)
+
+
+@pytest.fixture
+def five_votes(tmp_path):
+    """An app that needs five votes to decide a dispute; the ledger must balance after the test."""
+    settings = mp.Settings(db=str(tmp_path / 'five.db'), rate_limits='off', admin_key=ADMIN_KEY,
+                           public_url='http://market.test', required_votes=5)
+    app = mp.make_app(settings)
+    yield app
+    problems = mp.ledger_problems(app.service.db)
+    app.service.close()
+    assert problems == []
+
+
+def test_required_votes_setting(five_votes):
+    client = Client(five_votes)
+    market = Market(client)
+    job, claim, dispute = disputed_job(market)
+    assert dispute['requiredVotes'] == 5
+    arbitrators = make_arbitrators(client, 5)
+    choices = ['worker', 'requester', 'requester', 'worker', 'requester']
+    for number, ((arbitrator, key), choice) in enumerate(zip(arbitrators[:4], choices), start=1):
+        answer = vote(client, dispute, arbitrator, key, choice)
+        assert (answer.status, answer.json['votesReceived'], answer.json['requiredVotes'],
+                answer.json['resolved'], answer.json['outcome']) == (201, number, 5, False, None)
+    assert_still_open(market, job, claim, dispute, votes=4)
+    last = vote(client, dispute, *arbitrators[4], choices[4])
+    assert (last.status, last.json['votesReceived'], last.json['resolved'], last.json['outcome']) == \
+        (201, 5, True, 'requester')
+    assert_refunded_to_requester(market, five_votes, job, claim, '25.00')
+
+
+def test_a_dispute_keeps_the_required_votes_it_was_opened_with(market, client, app):
+    job, claim, early = disputed_job(market)
+    app.service.settings.required_votes = 5
+    later_job, later_claim, later = disputed_job(market)
+    assert (early['requiredVotes'], later['requiredVotes']) == (3, 5)
+    arbitrators = make_arbitrators(client, 3)
+    for arbitrator, key in arbitrators:
+        assert vote(client, later, arbitrator, key, 'worker').status == 201
+    answers = [vote(client, early, arbitrator, key, 'worker') for arbitrator, key in arbitrators]
+    assert [(a.status, a.json['requiredVotes'], a.json['resolved']) for a in answers] == \
+        [(201, 3, False), (201, 3, False), (201, 3, True)]
+    assert_paid_to_worker(market, app, job, claim, '25.00')
+    shown = get_dispute(client, later)['dispute']
+    assert (shown['status'], shown['requiredVotes'], shown['votesReceived']) == ('open', 5, 3)
+    assert market.get_job(later_job)['job']['status'] == 'disputed'
+
+
+# Arbitrators ------------------------------------------------------------------------
+
+def test_admin_registers_human_arbitrators(client, app):
+    owner, _ = make_account(client, 'retired-judge')
+    wallet = random_wallet()
+    answer = register_arbitrator(client, ADMIN_KEY, name='Judge Dredd', walletAddress=wallet, accountId=owner['id'])
+    assert answer.status == 201, answer
+    assert set(answer.json) == {'arbitrator'}
+    arbitrator = answer.json['arbitrator']
+    assert set(arbitrator) == ARBITRATOR_FIELDS
+    assert ISO_MS_Z.match(arbitrator['createdAt'])
+    assert {k: v for k, v in arbitrator.items() if k not in ('id', 'createdAt')} == {
+        'name': 'Judge Dredd', 'walletAddress': wallet, 'agentId': None, 'accountId': owner['id'],
+        'status': 'active', 'accuracy': None, 'votesCast': 0}
+    own = register_arbitrator(client, ADMIN_KEY, name='The admin')
+    assert own.status == 201, own
+    assert (own.json['arbitrator']['accountId'], own.json['arbitrator']['agentId']) == (admin_account_id(app), None)
+    listed = arbitrator_list(client)
+    assert listed['total'] == 2
+    assert {a['id']: a for a in listed['arbitrators']}[arbitrator['id']] == arbitrator
+
+
+def test_human_arbitrator_registration_errors(client):
+    member, member_key = make_account(client, 'member')
+    assert_error(register_arbitrator(client, member_key), 403, 'forbidden')
+    assert_error(register_arbitrator(client, member_key, accountId=member['id']), 403, 'forbidden')
+    assert_error(register_arbitrator(client, None), 401, 'unauthorized')
+    assert_error(register_arbitrator(client, ADMIN_KEY, accountId=UNKNOWN_ID), 400, 'validation_failed',
+                 {'accountId'})
+    assert_error(register_arbitrator(client, ADMIN_KEY, accountId='not-a-uuid'), 400, 'invalid_uuid')
+    assert_error(client.post('/api/arbitrators', {'walletAddress': random_wallet()}, key=ADMIN_KEY),
+                 400, 'validation_failed', {'name'})
+    assert_error(client.post('/api/arbitrators', {'name': 'x', 'walletAddress': 'nope'}, key=ADMIN_KEY),
+                 400, 'validation_failed', {'walletAddress'})
+    assert arbitrator_list(client)['total'] == 0
+
+
+def test_an_agent_with_ten_points_becomes_an_arbitrator(market, client, app):
+    set_reputation(app, market.agent, 1000)
+    wallet = random_wallet()
+    answer = register_arbitrator(client, market.worker_key, name='Bot judge', walletAddress=wallet,
+                                 agentId=market.agent['id'])
+    assert answer.status == 201, answer
+    arbitrator = answer.json['arbitrator']
+    assert {k: v for k, v in arbitrator.items() if k not in ('id', 'createdAt')} == {
+        'name': 'Bot judge', 'walletAddress': wallet, 'agentId': market.agent['id'],
+        'accountId': market.worker['id'], 'status': 'active', 'accuracy': None, 'votesCast': 0}
+    again = register_arbitrator(client, market.worker_key, agentId=market.agent['id'])
+    assert_error(again, 409, 'already_arbitrator')
+    assert arbitrator_list(client)['total'] == 1
+
+
+def test_agent_arbitrator_needs_reputation_and_ownership(market, client, app):
+    set_reputation(app, market.agent, 999)
+    assert_error(register_arbitrator(client, market.worker_key, agentId=market.agent['id']),
+                 403, 'insufficient_reputation')
+    set_reputation(app, market.agent, 1000)
+    assert_error(register_arbitrator(client, market.requester_key, agentId=market.agent['id']), 403, 'forbidden')
+    assert_error(register_arbitrator(client, market.worker_key, agentId=UNKNOWN_ID), 404, 'not_found')
+    assert arbitrator_list(client)['total'] == 0
+    answer = register_arbitrator(client, market.worker_key, agentId=market.agent['id'])
+    assert answer.status == 201, answer
+
+
+def test_agent_arbitrator_earned_through_disputes_won(market, client, app):
+    """Reputation earned the ordinary way counts: seven disputes won (7 x 1.50 = 10.50)."""
+    for _ in range(6):
+        job, claim, dispute = disputed_job(market, paymentAmount='1.00')
+        assert resolve(client, dispute, 'worker').status == 200
+    assert get_agent(client, market.agent)['agent']['reputationScore'] == '9.00'
+    assert_error(register_arbitrator(client, market.worker_key, agentId=market.agent['id']),
+                 403, 'insufficient_reputation')
+    job, claim, dispute = disputed_job(market, paymentAmount='1.00')
+    assert resolve(client, dispute, 'worker').status == 200
+    assert get_agent(client, market.agent)['agent']['reputationScore'] == '10.50'
+    assert register_arbitrator(client, market.worker_key, agentId=market.agent['id']).status == 201
+
+
+def test_only_admins_change_an_arbitrators_status(client):
+    [(a, a_key)] = make_arbitrators(client, 1)
+    assert_error(client.patch(f'/api/arbitrators/{a["id"]}', {'status': 'suspended'}, key=a_key), 403, 'forbidden')
+    assert_error(client.patch(f'/api/arbitrators/{a["id"]}', {'status': 'suspended'}), 401, 'unauthorized')
+    assert arbitrator_list(client)['arbitrators'][0]['status'] == 'active'
+    answer = client.patch(f'/api/arbitrators/{a["id"]}', {'status': 'suspended'}, key=ADMIN_KEY)
+    assert answer.status == 200, answer
+    assert answer.json['arbitrator'] == dict(a, status='suspended')
+    assert_error(client.patch(f'/api/arbitrators/{a["id"]}', {'status': 'retired'}, key=ADMIN_KEY),
+                 400, 'validation_failed', {'status'})
+    assert_error(client.patch(f'/api/arbitrators/{UNKNOWN_ID}', {'status': 'active'}, key=ADMIN_KEY),
+                 404, 'not_found')
+    assert_error(client.patch('/api/arbitrators/x', {'status': 'active'}, key=ADMIN_KEY), 400, 'invalid_uuid')
+
+
+def test_arbitrators_ranked_by_accuracy_then_votes(market, client):
+    arbitrators = make_arbitrators(client, 6)
+    (a0, k0), (a1, k1), (a2, k2), (a3, k3), (a4, k4), (a5, k5) = arbitrators
+    listed = arbitrator_list(client)
+    assert (listed['total'], listed['limit'], listed['offset']) == (6, 50, 0)
+    assert all(a['accuracy'] is None and a['votesCast'] == 0 for a in listed['arbitrators'])
+
+    # Dispute 1, decided 2-1 by vote for the worker: a0, a1 right, a2 wrong.
+    _, _, d1 = disputed_job(market)
+    for arbitrator, key, choice in ((a0, k0, 'worker'), (a1, k1, 'worker'), (a2, k2, 'requester')):
+        assert vote(client, d1, arbitrator, key, choice).status == 201
+    # Dispute 2, two votes, then decided by PATCH for the worker: a1 right again, a2 right this time.
+    _, _, d2 = disputed_job(market)
+    for arbitrator, key in ((a1, k1), (a2, k2)):
+        assert vote(client, d2, arbitrator, key, 'worker').status == 201
+    # Before d2 is resolved its votes do not count towards accuracy.
+    before = {a['id']: (a['accuracy'], a['votesCast']) for a in arbitrator_list(client)['arbitrators']}
+    assert before == {a0['id']: (1.0, 1), a1['id']: (1.0, 2), a2['id']: (0.0, 2), a3['id']: (None, 0),
+                      a4['id']: (None, 0), a5['id']: (None, 0)}
+    # Dispute 2b, one vote (a3, wrong), then decided by PATCH for the worker.
+    _, _, d2b = disputed_job(market)
+    assert vote(client, d2b, a3, k3, 'requester').status == 201
+    assert resolve(client, d2, 'worker').status == 200
+    assert resolve(client, d2b, 'worker').status == 200
+    # Dispute 3 stays open: a4's vote counts as cast, not towards accuracy.
+    _, _, d3 = disputed_job(market)
+    assert vote(client, d3, a4, k4, 'worker').status == 201
+
+    listed = arbitrator_list(client)
+    assert listed['total'] == 6
+    assert [(a['id'], a['accuracy'], a['votesCast']) for a in listed['arbitrators']] == [
+        (a1['id'], 1.0, 2),
+        (a0['id'], 1.0, 1),
+        (a2['id'], 0.5, 2),
+        (a3['id'], 0.0, 1),
+        (a4['id'], None, 1),
+        (a5['id'], None, 0),
+    ]
+    page = arbitrator_list(client, '?limit=2&offset=1')
+    assert ([a['id'] for a in page['arbitrators']], page['total'], page['limit'], page['offset']) == \
+        ([a0['id'], a2['id']], 6, 2, 1)
+    assert [a['id'] for a in arbitrator_list(client, '?offset=5')['arbitrators']] == [a5['id']]
+
+    assert client.patch(f'/api/arbitrators/{a2["id"]}', {'status': 'suspended'}, key=ADMIN_KEY).status == 200
+    suspended = arbitrator_list(client, '?status=suspended')
+    assert ([(a['id'], a['status']) for a in suspended['arbitrators']], suspended['total']) == \
+        ([(a2['id'], 'suspended')], 1)
+    active = arbitrator_list(client, '?status=active')
+    assert ([a['id'] for a in active['arbitrators']], active['total']) == \
+        ([a1['id'], a0['id'], a3['id'], a4['id'], a5['id']], 5)
+    assert_error(client.get('/api/arbitrators?status=retired'), 400, 'invalid_parameter')
+    assert_error(client.get('/api/arbitrators?limit=0'), 400, 'invalid_parameter')
+
+
+# Stats ------------------------------------------------------------------------------
+
+def test_stats_count_open_disputes_and_arbitrators(market, client):
+    def stats():
+        answer = client.get('/api/stats')
+        assert answer.status == 200, answer
+        return answer.json
+
+    before = stats()
+    assert (before['openDisputes'], before['totalArbitrators'], before['completedJobs'], before['totalUSDC']) == \
+        (0, 0, 0, '0.00')
+    arbitrators = make_arbitrators(client, 3)
+    assert stats()['totalArbitrators'] == 3
+    _, _, d1 = disputed_job(market, paymentAmount='30.00')
+    _, _, d2 = disputed_job(market)
+    assert stats()['openDisputes'] == 2
+    assert resolve(client, d1, 'worker').status == 200
+    after = stats()
+    assert (after['openDisputes'], after['completedJobs'], after['totalUSDC'], after['totalJobs']) == \
+        (1, 1, '30.00', 2)
+    for (arbitrator, key), choice in zip(arbitrators, ('requester', 'requester', 'worker')):
+        assert vote(client, d2, arbitrator, key, choice).status == 201
+    final = stats()
+    assert (final['openDisputes'], final['totalArbitrators'], final['completedJobs'], final['totalUSDC']) == \
+        (0, 3, 1, '30.00')
+
+
+# Multi-worker jobs ---------------------------------------------------------------
+
+@pytest.mark.parametrize('mode', ['first-wins', 'best-wins'])
+def test_approval_waits_for_a_dispute_on_another_delivery(market, client, app, mode):
+    _, other_key = make_account(client, 'second-worker')
+    other_agent, _ = make_agent(client, other_key, name='second-agent')
+    job = market.job(maxWorkers=2, competitionMode=mode, paymentAmount='50.00')
+    first = market.deliver(job, market.claim(job))
+    second = market.deliver(job, market.claim(job, agent=other_agent, key=other_key), key=other_key)
+    assert market.get_job(job)['job']['status'] == 'delivered'
+    dispute = open_dispute(client, job, first, market.requester_key)
+    assert market.get_job(job)['job']['status'] == 'disputed'
+
+    assert_error(market.verify(job, second, True), 409, 'dispute_open')
+    shown = market.get_job(job)
+    assert {c['id']: c['status'] for c in shown['claims']} == {first['id']: 'disputed', second['id']: 'delivered'}
+    assert [p['type'] for p in shown['payments']] == ['escrow']
+
+    answer = resolve(client, dispute, 'requester')
+    assert answer.status == 200, answer
+    assert (answer.json['escrowStatus'], answer.json['jobStatus']) == ('locked', 'delivered')
+    assert history_of(client, market.agent) == [('-1.00', 'dispute lost', job['id'], first['id'], '0.00')]
+
+    approved = market.verify(job, second, True)
+    assert approved.status == 200, approved
+    assert (approved.json['job']['status'], approved.json['escrowStatus']) == ('completed', 'released')
+    shown = market.get_job(job)
+    assert {c['id']: c['status'] for c in shown['claims']} == {first['id']: 'rejected', second['id']: 'approved'}
+    assert payments_of(shown) == [('escrow', '50.00', 'escrow'), ('release', '50.00', other_agent['walletAddress'])]
+    assert ledger_balance(app, f'worker:{other_agent["id"]}') == 50 * USDC
+    assert ledger_balance(app, f'worker:{market.agent["id"]}') == 0
+    assert ledger_balance(app, mp.escrow_account(job['id'])) == 0
+    assert history_of(client, other_agent) == [('1.00', 'delivery approved', job['id'], second['id'], '1.00')]
+
+
+def test_dispute_won_on_a_multi_worker_job_supersedes_the_other(market, client, app):
+    _, other_key = make_account(client, 'second-worker')
+    other_agent, _ = make_agent(client, other_key, name='second-agent')
+    job = market.job(maxWorkers=2, competitionMode='best-wins', paymentAmount='50.00')
+    first = market.deliver(job, market.claim(job))
+    second = market.deliver(job, market.claim(job, agent=other_agent, key=other_key), key=other_key)
+    dispute = open_dispute(client, job, first, market.requester_key)
+    answer = resolve(client, dispute, 'worker')
+    assert answer.status == 200, answer
+    assert (answer.json['escrowStatus'], answer.json['jobStatus']) == ('released', 'completed')
+    shown = market.get_job(job)
+    assert {c['id']: c['status'] for c in shown['claims']} == {first['id']: 'approved', second['id']: 'superseded'}
+    assert payments_of(shown) == [('escrow', '50.00', 'escrow'), ('release', '50.00', market.agent['walletAddress'])]
+    assert ledger_balance(app, f'worker:{market.agent["id"]}') == 50 * USDC
+    assert history_of(client, market.agent) == [('1.50', 'dispute won', job['id'], first['id'], '1.50')]
+    assert history_of(client, other_agent) == []
+
+
+
+def test_a_first_wins_job_holds_one_open_dispute_at_a_time(client, market):
+    job = market.job(maxWorkers=2, competitionMode='first-wins', paymentAmount='40.00')
+    _, second_key = make_account(client, 'second-worker')
+    second_agent, _ = make_agent(client, second_key, name='second')
+    first = market.deliver(job, market.claim(job))
+    second = market.deliver(job, market.claim(job, agent=second_agent, key=second_key), key=second_key)
+    opened = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': first['id'], 'reason': 'Wrong output.'},
+                         key=market.requester_key)
+    assert opened.status == 201, opened
+    refused = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': second['id'], 'reason': 'Also wrong.'},
+                          key=market.requester_key)
+    assert_error(refused, 409, 'dispute_open')
+    # Deciding the open dispute for its worker pays the whole price and supersedes the other delivery.
+    decided = client.patch(f'/api/disputes/{opened.json["dispute"]["id"]}',
+                           {'outcome': 'worker', 'resolution': 'The output was right.'}, key=ADMIN_KEY)
+    assert (decided.status, decided.json['jobStatus'], decided.json['escrowStatus']) == (200, 'completed', 'released')
+    claims = {c['id']: c['status'] for c in market.get_job(job)['claims']}
+    assert claims == {first['id']: 'approved', second['id']: 'superseded'}
+    assert [(p['type'], p['amount']) for p in market.get_job(job)['payments']] == [('escrow', '40.00'), ('release', '40.00')]
