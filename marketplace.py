@@ -1583,12 +1583,14 @@ def expire_overdue_jobs(db, settings):
             job = get_job(db, job_id)
             if job['status'] in FINAL_JOB_STATUSES or job['deadline'] > now_iso():
                 continue
-            for claim in db.rows("SELECT * FROM claims WHERE job_id = :id AND status = 'claimed'", {'id': job_id}):
+            stale = db.rows("SELECT * FROM claims WHERE job_id = :id AND status = 'claimed'", {'id': job_id})
+            for claim in stale:
                 set_claim_status(db, claim['id'], 'expired')
                 adjust_reputation(db, claim['agent_id'], *REPUTATION['expired'], job_id, claim['id'])
                 result['reputationPenalties'] += 1
             if active_claims(db, job_id):
-                set_job_status(db, job_id, live_job_status(db, job))
+                if stale:     # a job left waiting changes only when some of its claims expired
+                    set_job_status(db, job_id, live_job_status(db, job))
                 continue
             if finish_job(db, job, 'expired'):
                 result['refunded'] += 1
