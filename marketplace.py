@@ -2120,22 +2120,22 @@ def patch_arbitrator(arbitrator_id):
 
 # Sweeps ----------------------------------------------------------------------
 
-@route('POST', '/api/jobs/expire', limit='sweeps')
-def post_expire():
+def run_sweep_for_admin(sweep):
     account = require_account()
     read_json_body(optional=True)
     require_admin(account)
     svc = service()
-    return expire_overdue_jobs(svc.db, svc.settings)
+    return sweep(svc.db, svc.settings)
+
+
+@route('POST', '/api/jobs/expire', limit='sweeps')
+def post_expire():
+    return run_sweep_for_admin(expire_overdue_jobs)
 
 
 @route('POST', '/api/jobs/auto-verify', limit='sweeps')
 def post_auto_verify():
-    account = require_account()
-    read_json_body(optional=True)
-    require_admin(account)
-    svc = service()
-    return auto_verify_deliveries(svc.db, svc.settings)
+    return run_sweep_for_admin(auto_verify_deliveries)
 
 
 ###############################################################################

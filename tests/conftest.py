@@ -94,6 +94,27 @@ def make_job(client, key, **overrides):
     return answer.json['job']
 
 
+def get_agent(client, agent):
+    """GET /api/agents/:id: {agent, claims, reputationHistory}."""
+    answer = client.get(f'/api/agents/{agent["id"]}')
+    assert answer.status == 200, answer
+    return answer.json
+
+
+def expire(client):
+    """Run the expiry sweep with the admin key; its answer."""
+    answer = client.post('/api/jobs/expire', key=ADMIN_KEY)
+    assert answer.status == 200, answer
+    return answer.json
+
+
+def auto_verify(client):
+    """Run the auto-verify sweep with the admin key; its answer."""
+    answer = client.post('/api/jobs/auto-verify', key=ADMIN_KEY)
+    assert answer.status == 200, answer
+    return answer.json
+
+
 class Market:
     """A requester, a worker account with one agent, and shortcuts through a job's life."""
 

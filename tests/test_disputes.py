@@ -12,7 +12,7 @@ import re
 import pytest
 
 import marketplace as mp
-from conftest import ADMIN_KEY, Client, Market, in_hours, make_account, make_agent, random_wallet
+from conftest import ADMIN_KEY, Client, Market, get_agent, in_hours, make_account, make_agent, random_wallet
 
 ISO_MS_Z = re.compile(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$')
 DISPUTE_FIELDS = {'id', 'jobId', 'claimId', 'status', 'reason', 'outcome', 'resolution', 'resolvedBy',
@@ -80,12 +80,6 @@ def resolve(client, dispute, outcome, key=ADMIN_KEY, **extra):
 
 def get_dispute(client, dispute):
     answer = client.get(f'/api/disputes/{dispute["id"]}')
-    assert answer.status == 200, answer
-    return answer.json
-
-
-def get_agent(client, agent):
-    answer = client.get(f'/api/agents/{agent["id"]}')
     assert answer.status == 200, answer
     return answer.json
 

@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 
 import marketplace as mp
-from conftest import ADMIN_KEY, Client, Market, in_hours, job_body, make_account, make_agent
+from conftest import ADMIN_KEY, Client, Market, get_agent, in_hours, job_body, make_account, make_agent
 
 ISO_MS_Z = re.compile(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$')
 JOB_FIELDS = {'id', 'status', 'title', 'description', 'category', 'paymentAmount', 'paymentCurrency',
@@ -65,12 +65,6 @@ def claim(client, job, key, agent_id=None):
 def deliver(client, job, claim_id, key, body=None, path='deliver'):
     return client.post(f'/api/jobs/{job["id"]}/{path}',
                        body if body is not None else {'claimId': claim_id, 'deliverable': DELIVERABLE}, key=key)
-
-
-def get_agent(client, agent):
-    answer = client.get(f'/api/agents/{agent["id"]}')
-    assert answer.status == 200, answer
-    return answer.json
 
 
 def list_jobs(client, query=''):

@@ -9,7 +9,7 @@ balance, and the ledger check at the steps in between. Time moves only through m
 import pytest
 
 import marketplace as mp
-from conftest import ADMIN_KEY, in_hours, make_account, make_agent
+from conftest import ADMIN_KEY, auto_verify, expire, in_hours, make_account, make_agent
 
 FINAL = ('completed', 'rejected', 'refunded', 'expired', 'cancelled')
 
@@ -83,18 +83,6 @@ def balance(app, job):
 
 def books_balance(app):
     assert mp.ledger_problems(app.service.db) == []
-
-
-def expire(client):
-    answer = client.post('/api/jobs/expire', key=ADMIN_KEY)
-    assert answer.status == 200, answer
-    return answer.json
-
-
-def auto_verify(client):
-    answer = client.post('/api/jobs/auto-verify', key=ADMIN_KEY)
-    assert answer.status == 200, answer
-    return answer.json
 
 
 def history(client, worker):

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 
 import marketplace as mp
-from conftest import ADMIN_KEY, in_hours, make_account, make_agent
+from conftest import ADMIN_KEY, auto_verify, expire, in_hours, make_account, make_agent
 
 ISO_MS_Z = re.compile(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$')
 NOTHING_EXPIRED = {'expired': 0, 'refunded': 0, 'reputationPenalties': 0, 'jobIds': []}
@@ -33,18 +33,6 @@ def worker(client, name):
     _, key = make_account(client, name)
     agent, _ = make_agent(client, key, name=name)
     return agent, key
-
-
-def expire(client):
-    answer = client.post('/api/jobs/expire', key=ADMIN_KEY)
-    assert answer.status == 200, answer
-    return answer.json
-
-
-def auto_verify(client):
-    answer = client.post('/api/jobs/auto-verify', key=ADMIN_KEY)
-    assert answer.status == 200, answer
-    return answer.json
 
 
 def approve(market, job, claim):
