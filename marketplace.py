@@ -304,12 +304,19 @@ STATUS_CODES = {400: 'bad_request', 401: 'unauthorized', 403: 'forbidden', 404: 
 # Database ####################################################################
 ###############################################################################
 
-# Changes to an existing database, by the user_version they bring it to. schema.sql always holds
-# the latest shape; a migration only alters what CREATE ... IF NOT EXISTS cannot.
-MIGRATIONS = {
-    2: 'SELECT 1',   # version 2 only adds tables (disputes, arbitrators, votes): schema.sql creates them
-}
-SCHEMA_VERSION = 2
+# Changes to an existing database, by the user_version they bring it to. schema.sql always holds the
+# latest shape and creates what is missing; a migration's `before` SQL runs ahead of it (ALTERs that
+# schema.sql's indexes need) and its `after` SQL behind it (filling what schema.sql just created).
+MIGRATIONS = {}
+SCHEMA_SQL = (HERE / 'schema.sql').read_text()
+
+
+def schema_version(schema_sql):
+    """The user_version a schema brings a database to (its `PRAGMA user_version = N` line)."""
+    return int(re.search(r'PRAGMA user_version = (\d+);', schema_sql).group(1))
+
+
+SCHEMA_VERSION = schema_version(SCHEMA_SQL)
 
 
 class Database:
@@ -330,17 +337,21 @@ class Database:
         self.conn.execute('PRAGMA foreign_keys = ON')
         self._depth = 0
 
-    def migrate(self):
-        """Bring the database to SCHEMA_VERSION: migrations first, then schema.sql."""
+    def migrate(self, schema_sql=SCHEMA_SQL, migrations=MIGRATIONS):
+        """Bring the database to the schema's version in one transaction: each pending migration's
+        `before`, then the schema (idempotent), then each pending migration's `after`."""
+        latest = schema_version(schema_sql)
         with self.transaction():
             version = self.value('PRAGMA user_version')
-            if version > SCHEMA_VERSION:
+            if version > latest:
                 raise RuntimeError(f'{self.path} has schema version {version}, newer than this '
-                                   f'program ({SCHEMA_VERSION}); upgrade marketplace.py')
-            if version:
-                for target in range(version + 1, SCHEMA_VERSION + 1):
-                    self.conn.execute(MIGRATIONS[target])
-            self.conn.execute((HERE / 'schema.sql').read_text())
+                                   f'program ({latest}); upgrade marketplace.py')
+            pending = [migrations[target] for target in range(version + 1, latest + 1)] if version else []
+            for migration in pending:
+                self.conn.execute(migration.get('before', ''))
+            self.conn.execute(schema_sql)
+            for migration in pending:
+                self.conn.execute(migration.get('after', ''))
 
     @contextmanager
     def transaction(self):
@@ -1085,11 +1096,11 @@ JOB_SELECT = f'''
                  AND c.status IN {ACTIVE_CLAIMS}) AS claim_count
     FROM jobs j'''
 JOB_SORTS = {
-    'newest': 'j.created_at DESC, j.rowid DESC',
-    'oldest': 'j.created_at ASC, j.rowid ASC',
-    'pay_desc': 'j.amount_cents DESC, j.created_at DESC',
-    'pay_asc': 'j.amount_cents ASC, j.created_at DESC',
-    'deadline': 'j.deadline ASC, j.created_at DESC',
+    'newest': 'j.seq DESC',
+    'oldest': 'j.seq ASC',
+    'pay_desc': 'j.amount_cents DESC, j.seq DESC',
+    'pay_asc': 'j.amount_cents ASC, j.seq DESC',
+    'deadline': 'j.deadline ASC, j.seq DESC',
 }
 JOB_STATUSES = ('open', 'claimed', 'delivered', 'disputed') + FINAL_JOB_STATUSES
 
@@ -1337,7 +1348,7 @@ def verify_claim(db, settings, job_id, claim_id, approved, account):
         if claim['status'] != 'delivered':
             raise Conflict(f'The claim is {claim["status"]}; only a delivered claim can be verified.',
                            code='claim_not_delivered')
-        before = db.value('SELECT max(rowid) FROM payments')
+        before = db.value('SELECT max(seq) FROM payments')
         if approved:
             approve_claim(db, settings, job, claim)
         else:
@@ -1346,10 +1357,10 @@ def verify_claim(db, settings, job_id, claim_id, approved, account):
     return get_job(db, job_id), get_claim(db, job_id, claim_id), payments
 
 
-def new_payments(db, job_id, after_rowid):
-    """The job's payment records written after a given rowid."""
-    return db.rows('SELECT * FROM payments WHERE job_id = :id AND rowid > :after ORDER BY rowid',
-                   {'id': job_id, 'after': after_rowid or 0})
+def new_payments(db, job_id, after_seq):
+    """The job's payment records written after a given seq."""
+    return db.rows('SELECT * FROM payments WHERE job_id = :id AND seq > :after ORDER BY seq',
+                   {'id': job_id, 'after': after_seq or 0})
 
 
 def cancel_job(db, job_id, account):
@@ -1925,7 +1936,7 @@ def show_job(job_id):
     svc = service()
     job = get_job(svc.db, parse_uuid(job_id, 'jobId'))
     claims = svc.db.rows('SELECT * FROM claims WHERE job_id = :id ORDER BY created_at, rowid', {'id': job['id']})
-    payments = svc.db.rows('SELECT * FROM payments WHERE job_id = :id ORDER BY rowid', {'id': job['id']})
+    payments = svc.db.rows('SELECT * FROM payments WHERE job_id = :id ORDER BY seq', {'id': job['id']})
     return {'job': job_json(job, svc.settings.base_url), 'claims': [claim_json(c) for c in claims],
             'payments': [payment_json(p) for p in payments]}
 

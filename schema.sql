@@ -48,8 +48,11 @@ CREATE TABLE IF NOT EXISTS reputation_events (
 );
 CREATE INDEX IF NOT EXISTS reputation_events_agent ON reputation_events(agent_id, created_at);
 
+-- seq is the rowid (an INTEGER PRIMARY KEY never changes, not even in VACUUM): the order in which jobs
+-- were posted, the full-text index's key and the stream's resume point.
 CREATE TABLE IF NOT EXISTS jobs (
-    id                        TEXT PRIMARY KEY,
+    seq                       INTEGER PRIMARY KEY,
+    id                        TEXT NOT NULL UNIQUE,
     status                    TEXT NOT NULL CHECK (status IN
         ('open', 'claimed', 'delivered', 'disputed', 'completed', 'rejected', 'refunded',
          'expired', 'cancelled')),
@@ -77,6 +80,21 @@ CREATE INDEX IF NOT EXISTS jobs_created ON jobs(created_at);
 CREATE INDEX IF NOT EXISTS jobs_category_amount ON jobs(category, amount_cents);
 CREATE INDEX IF NOT EXISTS jobs_amount ON jobs(amount_cents);
 CREATE INDEX IF NOT EXISTS jobs_requester ON jobs(requester_id);
+CREATE INDEX IF NOT EXISTS jobs_deadline ON jobs(deadline);
+
+-- Full-text search over titles and descriptions, kept in step with jobs by the triggers below.
+CREATE VIRTUAL TABLE IF NOT EXISTS jobs_fts USING fts5(
+    title, description, content = 'jobs', content_rowid = 'seq', tokenize = 'unicode61 remove_diacritics 2');
+CREATE TRIGGER IF NOT EXISTS jobs_fts_insert AFTER INSERT ON jobs BEGIN
+    INSERT INTO jobs_fts (rowid, title, description) VALUES (new.seq, new.title, new.description);
+END;
+CREATE TRIGGER IF NOT EXISTS jobs_fts_delete AFTER DELETE ON jobs BEGIN
+    INSERT INTO jobs_fts (jobs_fts, rowid, title, description) VALUES ('delete', old.seq, old.title, old.description);
+END;
+CREATE TRIGGER IF NOT EXISTS jobs_fts_update AFTER UPDATE OF title, description ON jobs BEGIN
+    INSERT INTO jobs_fts (jobs_fts, rowid, title, description) VALUES ('delete', old.seq, old.title, old.description);
+    INSERT INTO jobs_fts (rowid, title, description) VALUES (new.seq, new.title, new.description);
+END;
 
 CREATE TABLE IF NOT EXISTS claims (
     id             TEXT PRIMARY KEY,
@@ -96,7 +114,8 @@ CREATE INDEX IF NOT EXISTS claims_agent ON claims(agent_id, created_at);
 
 -- A payment record is one movement of money; its two ledger entries are the double entry.
 CREATE TABLE IF NOT EXISTS payments (
-    id          TEXT PRIMARY KEY,
+    seq         INTEGER PRIMARY KEY,            -- the order money moved in
+    id          TEXT NOT NULL UNIQUE,
     job_id      TEXT NOT NULL REFERENCES jobs(id),
     claim_id    TEXT REFERENCES claims(id),
     type        TEXT NOT NULL CHECK (type IN ('escrow', 'release', 'refund', 'fee')),
@@ -163,4 +182,4 @@ CREATE TABLE IF NOT EXISTS votes (
 );
 CREATE INDEX IF NOT EXISTS votes_arbitrator ON votes(arbitrator_id);
 
-PRAGMA user_version = 2;
+PRAGMA user_version = 1;

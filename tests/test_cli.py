@@ -386,3 +386,30 @@ def test_make_help_lists_the_targets():
     assert {'help', 'run', 'test', 'seed', 'clean'} <= set(targets)
     assert targets['test'] == 'run the whole test suite'
     assert targets['run'].startswith('serve the demo on http://127.0.0.1:8080')
+
+
+def test_a_migration_brings_an_older_database_up_to_date(tmp_path):
+    """An old database runs each pending migration's `before`, the schema, then its `after`, in order."""
+    path = tmp_path / 'old.db'
+    db = mp.Database(path)
+    db.migrate()
+    db.execute("INSERT INTO accounts (id, name, role, created_at) VALUES ('a1', 'old', 'member', '2026-01-01T00:00:00.000Z')")
+    newer = mp.SCHEMA_SQL.replace(f'PRAGMA user_version = {mp.SCHEMA_VERSION};',
+                                  'CREATE INDEX IF NOT EXISTS accounts_motto ON accounts(motto);\n'
+                                  f'PRAGMA user_version = {mp.SCHEMA_VERSION + 1};')
+    migrations = {mp.SCHEMA_VERSION + 1: {'before': 'ALTER TABLE accounts ADD COLUMN motto TEXT',
+                                          'after': "UPDATE accounts SET motto = 'carried over'"}}
+    db.migrate(newer, migrations)
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION + 1
+    assert db.rows('SELECT name, motto FROM accounts') == [{'name': 'old', 'motto': 'carried over'}]
+    assert db.value("SELECT count(*) FROM sqlite_master WHERE name = 'accounts_motto'") == 1
+    db.migrate(newer, migrations)     # up to date: nothing runs again
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION + 1
+    db.close()
+
+
+def test_a_new_database_gets_the_schema_without_migrations(tmp_path):
+    db = mp.Database(tmp_path / 'new.db')
+    db.migrate(mp.SCHEMA_SQL, {2: {'before': 'THIS IS NOT SQL'}})     # a new database runs no migration
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 1
+    db.close()
