@@ -46,6 +46,7 @@ from pathlib import Path
 
 import apsw
 import bottle
+import gevent.queue
 from bottle import request, response
 
 from verifier.addresses import address_problem
@@ -144,6 +145,10 @@ SETTINGS = [
     Setting('sweep_interval', 60.0, parse_positive(float),
             'seconds between the automatic expire and auto-verify sweeps (the first runs one interval after start)'),
     Setting('required_votes', 3, parse_odd, 'arbitrator votes that decide a dispute (odd)'),
+    Setting('stream_heartbeat', 30.0, parse_positive(float),
+            'seconds between heartbeat events on an idle /api/jobs/stream'),
+    Setting('stream_max_seconds', 600.0, parse_positive(float),
+            'seconds a /api/jobs/stream stays open before its timeout event'),
 ]
 
 
@@ -1091,10 +1096,9 @@ def reputation_json(event):
 # Jobs and claims #############################################################
 ###############################################################################
 
-JOB_SELECT = f'''
-    SELECT j.*, (SELECT count(*) FROM claims c WHERE c.job_id = j.id
-                 AND c.status IN {ACTIVE_CLAIMS}) AS claim_count
-    FROM jobs j'''
+JOB_COLUMNS = f'''j.*, (SELECT count(*) FROM claims c WHERE c.job_id = j.id
+                 AND c.status IN {ACTIVE_CLAIMS}) AS claim_count'''
+JOB_SELECT = f'SELECT {JOB_COLUMNS} FROM jobs j'
 JOB_SORTS = {
     'newest': 'j.seq DESC',
     'oldest': 'j.seq ASC',
@@ -1640,9 +1644,13 @@ def run_sweeps(db, settings):
     return {'expire': expire_overdue_jobs(db, settings), 'autoVerify': auto_verify_deliveries(db, settings)}
 
 
-def list_jobs(db, *, category=None, status=None, min_pay=None, sort='newest', limit=50, offset=0):
-    """A page of jobs and the total that match the filters."""
-    where, params = [], {'limit': limit, 'offset': offset}
+def list_jobs(db, *, match=None, category=None, status=None, min_pay=None, sort='newest', limit=50, offset=0):
+    """A page of jobs and the total that match the filters; `match` is an FTS5 query (see fts_query)."""
+    source, where, params = 'jobs j', [], {'limit': limit, 'offset': offset}
+    if match is not None:
+        source = 'jobs_fts JOIN jobs j ON j.seq = jobs_fts.rowid'
+        where.append('jobs_fts MATCH :match')
+        params['match'] = match
     if category:
         where.append('j.category = :category')
         params['category'] = category
@@ -1653,9 +1661,90 @@ def list_jobs(db, *, category=None, status=None, min_pay=None, sort='newest', li
         where.append('j.amount_cents >= :min_pay')
         params['min_pay'] = min_pay
     clause = (' WHERE ' + ' AND '.join(where)) if where else ''
-    total = db.value('SELECT count(*) FROM jobs j' + clause, params)
-    jobs = db.rows(f'{JOB_SELECT}{clause} ORDER BY {JOB_SORTS[sort]} LIMIT :limit OFFSET :offset', params)
+    order = 'bm25(jobs_fts, 4.0, 1.0), j.seq DESC' if sort == 'relevance' else JOB_SORTS[sort]
+    total = db.value(f'SELECT count(*) FROM {source}{clause}', params)
+    jobs = db.rows(f'SELECT {JOB_COLUMNS} FROM {source}{clause} ORDER BY {order} LIMIT :limit OFFSET :offset',
+                   params)
     return jobs, total
+
+
+def fts_query(text, max_words=32):
+    """User text as an FTS5 query in which every word must match; each word is a quoted string, so
+    quotes, `*`, `NEAR(`, `-`, parentheses and operators are only ever text. None if it has no word."""
+    words = re.findall(r'\w+', text)[:max_words]
+    return ' '.join(f'"{word}"' for word in words) or None
+
+
+# Job matching for an agent: matchScore = 0.5 × category fit + 0.3 × language fit + 0.2 × pay fit.
+# Jobs outside the asked categories, or requiring a language not asked for, are not matches at all.
+MATCH_JOBS_SQL = f'''
+    SELECT * FROM (
+        SELECT {JOB_COLUMNS},
+            CASE WHEN :languages IS NULL THEN 1.0
+                 WHEN lower(json_extract(j.requirements, '$.language')) IN (SELECT value FROM json_each(:languages))
+                   OR EXISTS (SELECT 1 FROM json_each(j.requirements, '$.languages') l
+                              WHERE lower(l.value) IN (SELECT value FROM json_each(:languages))) THEN 1.0
+                 WHEN json_type(j.requirements, '$.language') IS NULL
+                   AND json_type(j.requirements, '$.languages') IS NULL THEN 0.5
+                 ELSE 0.0 END AS language_fit,
+            CASE WHEN :min_pay IS NULL OR :min_pay = 0 THEN 1.0
+                 ELSE min(1.0, j.amount_cents / (2.0 * :min_pay)) END AS pay_fit
+        FROM jobs j
+        WHERE j.status = 'open' AND j.deadline > :now AND j.amount_cents >= coalesce(:min_pay, 0)
+          AND (:categories IS NULL OR j.category IN (SELECT value FROM json_each(:categories))))
+    WHERE language_fit > 0'''
+
+
+def match_jobs(db, categories, languages, min_pay, limit):
+    """Open jobs for an agent's categories, languages and minimum pay, best first: (jobs, total)."""
+    params = {'categories': json.dumps(categories) if categories else None,
+              'languages': json.dumps([l.lower() for l in languages]) if languages else None,
+              'min_pay': min_pay, 'now': now_iso(), 'limit': limit}
+    total = db.value(f'SELECT count(*) FROM ({MATCH_JOBS_SQL})', params)
+    jobs = db.rows(f'''SELECT *, 0.5 + 0.3 * language_fit + 0.2 * pay_fit AS match_score FROM ({MATCH_JOBS_SQL})
+                       ORDER BY match_score DESC, amount_cents DESC, seq DESC LIMIT :limit''', params)
+    return jobs, total
+
+
+def job_languages(job):
+    """The languages a job asks for (requirements.language or .languages), lowercased."""
+    requirements = json.loads(job['requirements'])
+    found = requirements.get('languages')
+    found = found if isinstance(found, list) else [found] if found else []
+    if requirements.get('language'):
+        found.append(requirements['language'])
+    return {str(language).lower() for language in found}
+
+
+# Agent matching: the weighted mean of the fits that apply (a fit applies when both sides say something):
+# category 0.35, language 0.25, reputation 0.20 (score / (score + 10)), value 0.10 (the job's pay within the
+# agent's minimumJobValue..maxJobValue), currency 0.10 (in acceptedCurrencies). An agent whose categories
+# or languages exclude the job is no match.
+AGENT_MATCH_WEIGHTS = {'category': 0.35, 'language': 0.25, 'reputation': 0.20, 'value': 0.10, 'currency': 0.10}
+
+
+def agent_match_score(agent, *, category=None, languages=(), job=None):
+    """matchScore of an agent for a category/languages (and a job's pay and currency), or None."""
+    capabilities, pricing = json.loads(agent['capabilities']), json.loads(agent['pricing'])
+    fits = {}
+    if category:
+        offered = capabilities.get('categories') or []
+        fits['category'] = 1.0 if category in offered else 0.5 if not offered else 0.0
+    if languages:
+        spoken = {str(language).lower() for language in capabilities.get('languages') or []}
+        fits['language'] = 1.0 if spoken & set(languages) else 0.5 if not spoken else 0.0
+    if 0.0 in fits.values():
+        return None
+    points = agent['reputation'] / 100
+    fits['reputation'] = points / (points + 10)
+    if job is not None:
+        pay = job['amount_cents'] / 100
+        low, high = pricing.get('minimumJobValue'), capabilities.get('maxJobValue')
+        fits['value'] = 1.0 if (low is None or pay >= low) and (high is None or pay <= high) else 0.0
+        accepted = pricing.get('acceptedCurrencies')
+        fits['currency'] = 1.0 if not accepted or job['currency'] in accepted else 0.0
+    weight = sum(AGENT_MATCH_WEIGHTS[name] for name in fits)
+    return round(sum(AGENT_MATCH_WEIGHTS[name] * fit for name, fit in fits.items()) / weight, 4)
 
 
 def job_json(job, base_url):
@@ -1740,6 +1829,122 @@ def read_deliverable(body):
         form.errors[prefix + names[key]] = problem
     form.done()
     return claim_id, {key: value for key, value in deliverable.items() if value is not None}
+
+
+###############################################################################
+# The live job stream #########################################################
+###############################################################################
+
+_CLOSE = object()   # put into a stream's queue when the server stops
+
+
+def job_summary(job, base_url):
+    """What a `job.new` event carries: the job without its long description."""
+    shown = job_json(job, base_url)
+    return {key: shown[key] for key in (
+        'id', 'status', 'title', 'category', 'paymentAmount', 'paymentCurrency', 'paymentRail', 'requirements',
+        'maxWorkers', 'competitionMode', 'deadline', 'minReputation', 'createdAt', 'url')}
+
+
+class StreamFilter:
+    """Which jobs a stream wants: categories (none: all) and a minimum pay in cents."""
+
+    def __init__(self, categories=(), min_pay=None):
+        self.categories = tuple(categories)
+        self.min_pay = min_pay
+
+    def wants(self, job):
+        return ((not self.categories or job['category'] in self.categories)
+                and (self.min_pay is None or job['amount_cents'] >= self.min_pay))
+
+    def as_json(self):
+        return {'categories': list(self.categories),
+                'min_pay': None if self.min_pay is None else format_cents(self.min_pay)}
+
+
+class StreamHub:
+    """Fans each new job out to the open streams that want it.
+
+    A stream is a greenlet waiting on its own queue: an idle stream costs a few kilobytes and no CPU,
+    and a post wakes only the streams whose filter the job passes.
+    """
+
+    def __init__(self):
+        self.streams = {}
+        self.closed = False
+
+    def subscribe(self, stream_filter):
+        queue = gevent.queue.Queue(maxsize=1000)
+        self.streams[queue] = stream_filter
+        return queue
+
+    def unsubscribe(self, queue):
+        self.streams.pop(queue, None)
+
+    def publish(self, job):
+        """Offer a committed job to every stream that wants it (a stream 1,000 jobs behind misses it)."""
+        for queue, stream_filter in list(self.streams.items()):
+            if stream_filter.wants(job):
+                try:
+                    queue.put_nowait(job)
+                except gevent.queue.Full:
+                    pass
+
+    def close(self):
+        """End every stream with a `timeout` event (server shutdown)."""
+        self.closed = True
+        for queue in list(self.streams):
+            try:
+                queue.put_nowait(_CLOSE)
+            except gevent.queue.Full:
+                pass
+
+
+def sse(event, data, event_id=None):
+    """One Server-Sent Event; every event carries a JSON data line."""
+    head = f'id: {event_id}\n' if event_id else ''
+    return f'{head}event: {event}\ndata: {json.dumps(data, separators=(",", ":"))}\n\n'.encode('utf-8')
+
+
+def job_stream(svc, stream_filter, after_seq=None, since=None):
+    """The events of one /api/jobs/stream connection, as a generator of bytes.
+
+    It subscribes before replaying (open jobs after `after_seq` or created after `since`, oldest first), so
+    that no job posted meanwhile is lost; a job both replayed and queued is sent once.
+    """
+    settings, hub = svc.settings, svc.hub
+    queue = hub.subscribe(stream_filter)
+    try:
+        yield b'retry: 3000\n' + sse('connected', {'filters': stream_filter.as_json(),
+                                                   'heartbeatSeconds': settings.stream_heartbeat,
+                                                   'maxSeconds': settings.stream_max_seconds})
+        sent = set()
+        if after_seq is not None or since is not None:
+            for job in svc.db.rows(f'''{JOB_SELECT} WHERE j.status = 'open' AND j.seq > :seq
+                                       AND j.created_at > :since ORDER BY j.seq LIMIT 500''',
+                                   {'seq': after_seq or 0, 'since': since or ''}):
+                if stream_filter.wants(job):
+                    sent.add(job['id'])
+                    yield sse('job.new', job_summary(job, settings.base_url), job['id'])
+        ends = time.monotonic() + settings.stream_max_seconds
+        while not hub.closed:
+            left = ends - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                job = queue.get(timeout=min(settings.stream_heartbeat, left))
+            except gevent.queue.Empty:
+                if ends - time.monotonic() > 0:
+                    yield sse('heartbeat', {'time': now_iso()})
+                continue
+            if job is _CLOSE:
+                break
+            if job['id'] not in sent:
+                yield sse('job.new', job_summary(job, settings.base_url), job['id'])
+        reason = 'the server is stopping' if hub.closed else 'the maximum duration was reached'
+        yield sse('timeout', {'reason': reason, 'reconnect': True})
+    finally:
+        hub.unsubscribe(queue)
 
 
 ###############################################################################
@@ -1927,6 +2132,7 @@ def post_job():
     account = require_account()
     svc = service()
     job = create_job(svc.db, read_job_body(read_json_body(), account))
+    svc.hub.publish(job)      # committed: now the live streams may see it
     response.status = 201
     return {'job': job_json(job, svc.settings.base_url)}
 
@@ -1994,6 +2200,119 @@ def post_cancel(job_id):
     svc = service()
     job = cancel_job(svc.db, parse_uuid(job_id, 'jobId'), account)
     return {'job': job_json(job, svc.settings.base_url)}
+
+
+# Search, matching and the stream ---------------------------------------------
+
+MAX_QUERY_LENGTH = 500
+
+
+def query_list(query, name, options=None):
+    """A comma-separated query parameter as a list (checked against `options`, if given)."""
+    raw = query.getunicode(name) or ''
+    values = [value.strip() for value in raw.split(',') if value.strip()]
+    bad = [value for value in values if options and value not in options]
+    if bad or len(values) > 50 or any(len(value) > 50 for value in values):
+        hint = f'one or more of {", ".join(options)}' if options else 'up to 50 short values'
+        raise BadRequest(f'{name} must be a comma-separated list of {hint}.', code='invalid_parameter',
+                         fields={name: f'must list {hint}'})
+    return values
+
+
+@route('GET', '/api/jobs/search')
+def search_jobs():
+    query = request.query
+    text = query.getunicode('q')
+    if text is not None and len(text) > MAX_QUERY_LENGTH:
+        raise BadRequest(f'q must be at most {MAX_QUERY_LENGTH} characters.', code='invalid_parameter',
+                         fields={'q': f'must be at most {MAX_QUERY_LENGTH} characters'})
+    category = query_choice(query, 'category', CATEGORIES)
+    status = query_choice(query, 'status', JOB_STATUSES)
+    min_pay = query_min_pay(query)
+    if not (text or '').strip() and category is None and min_pay is None:
+        raise BadRequest('Give at least one of q, category and min_pay.', code='missing_query')
+    sort = query_choice(query, 'sort', ('relevance',) + tuple(s for s in JOB_SORTS if s != 'oldest'),
+                        'relevance' if (text or '').strip() else 'newest')
+    limit, offset = page_params(query)
+    match = fts_query(text) if (text or '').strip() else None
+    svc = service()
+    if (text or '').strip() and match is None:
+        jobs, total = [], 0          # text with no word in it (only punctuation or emoji) matches nothing
+    else:
+        jobs, total = list_jobs(svc.db, match=match, category=category, status=status, min_pay=min_pay,
+                                sort=sort if match else ('newest' if sort == 'relevance' else sort),
+                                limit=limit, offset=offset)
+    return {'results': [job_json(job, svc.settings.base_url) for job in jobs], 'total': total,
+            'limit': limit, 'offset': offset, 'query': text,
+            'filters': {'category': category, 'status': status,
+                        'min_pay': None if min_pay is None else format_cents(min_pay)},
+            'sort': sort}
+
+
+@route('GET', '/api/jobs/match')
+def get_job_matches():
+    query = request.query
+    categories = query_list(query, 'categories', CATEGORIES)
+    languages = query_list(query, 'languages')
+    min_pay = query_min_pay(query)
+    limit, _ = page_params(query)
+    svc = service()
+    jobs, total = match_jobs(svc.db, categories, languages, min_pay, limit)
+    return {'matches': [dict(job_json(job, svc.settings.base_url), matchScore=round(job['match_score'], 4))
+                        for job in jobs], 'total': total}
+
+
+@route('GET', '/api/agents/match')
+def get_agent_matches():
+    query = request.query
+    limit, _ = page_params(query)
+    db = service().db
+    job = None
+    if query.get('job_id'):
+        job = get_job(db, parse_uuid(query['job_id'], 'job_id'))
+        category, languages, min_reputation = job['category'], job_languages(job), job['min_reputation']
+    else:
+        category = query_choice(query, 'category', CATEGORIES)
+        languages = {language.lower() for language in query_list(query, 'language')}
+        raw = query.get('min_reputation')
+        try:
+            min_reputation = read_hundredths(raw) if raw not in (None, '') else 0
+        except ValueError as exc:
+            raise BadRequest(f'min_reputation {exc}.', code='invalid_parameter',
+                             fields={'min_reputation': str(exc)}) from None
+        if category is None and not languages and not raw:
+            raise BadRequest('Give job_id, or at least one of category, language and min_reputation.',
+                             code='missing_query')
+    matches = []
+    for agent in db.rows(AGENT_SELECT + ' WHERE a.reputation >= :low', {'low': min_reputation}):
+        if job is not None and agent['account_id'] == job['requester_id']:
+            continue      # it could not claim its own account's job
+        score = agent_match_score(agent, category=category, languages=languages, job=job)
+        if score is not None:
+            matches.append(dict(agent_json(agent), matchScore=score))
+    matches.sort(key=lambda agent: (-agent['matchScore'], -float(agent['reputationScore']), agent['createdAt']))
+    return {'matches': matches[:limit], 'total': len(matches)}
+
+
+@route('GET', '/api/jobs/stream')
+def stream_jobs():
+    query = request.query
+    svc = service()
+    stream_filter = StreamFilter(query_list(query, 'categories', CATEGORIES), query_min_pay(query))
+    after_seq = since = None
+    last_event_id = request.get_header('Last-Event-ID', '').strip().lower()
+    if last_event_id and _UUID.fullmatch(last_event_id):
+        after_seq = svc.db.value('SELECT seq FROM jobs WHERE id = :id', {'id': last_event_id})
+    elif query.get('since'):
+        try:
+            since = iso(parse_time(query['since']))
+        except ValueError:
+            raise BadRequest('since must be an ISO 8601 time, e.g. 2026-11-21T16:40:00Z.',
+                             code='invalid_parameter', fields={'since': 'must be an ISO 8601 time'}) from None
+    response.content_type = 'text/event-stream; charset=utf-8'
+    response.set_header('Cache-Control', 'no-cache')
+    response.set_header('X-Accel-Buffering', 'no')      # tell a proxy in front not to buffer the stream
+    return job_stream(svc, stream_filter, after_seq, since)
 
 
 # Disputes and arbitration ----------------------------------------------------
@@ -2179,6 +2498,7 @@ class Service:
         if settings.admin_key:
             ensure_admin_key(self.db, settings.admin_key)
         self.limiter = RateLimiter(settings.rate_limit_scale)
+        self.hub = StreamHub()
 
     def close(self):
         self.db.close()
@@ -2404,7 +2724,8 @@ def serve(settings):
 
     def stop(signum):
         log.info('signal %s: stopping (finishing requests in flight)', signum)
-        server.close()    # wakes serve_forever, which stops gracefully
+        app.service.hub.close()     # open streams send `timeout` and end
+        server.close()              # wakes serve_forever, which stops gracefully
 
     gevent.signal_handler(signal.SIGTERM, stop, signal.SIGTERM)
     gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)
