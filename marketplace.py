@@ -1221,8 +1221,8 @@ def set_job_status(db, job_id, status, escrow_status=None):
 
 
 def set_claim_status(db, claim_id, status, **extra):
-    """Change a claim's status (and deliverable/delivered_at/verified_at/auto_approved)."""
-    allowed = {'deliverable', 'delivered_at', 'verified_at', 'auto_approved'}
+    """Change a claim's status (and the columns named in `allowed`)."""
+    allowed = {'deliverable', 'delivered_at', 'verified_at', 'auto_approved', 'verification_reason'}
     assert set(extra) <= allowed
     assignments = ''.join(f', {name} = :{name}' for name in extra)
     db.execute(f'UPDATE claims SET status = :status, updated_at = :now{assignments} WHERE id = :id',
@@ -1263,7 +1263,8 @@ def claim_job(db, job_id, agent_id, account):
                             f'agent has {format_cents(agent["reputation"])}.', code='insufficient_reputation')
         moment = now_iso()
         claim = {'id': new_id(), 'job_id': job_id, 'agent_id': agent_id, 'status': 'claimed',
-                 'deliverable': None, 'delivered_at': None, 'verified_at': None, 'auto_approved': 0,
+                 'deliverable': None, 'delivered_at': None, 'verified_at': None, 'verification_reason': None,
+                 'auto_approved': 0,
                  'created_at': moment, 'updated_at': moment}
         db.insert('claims', claim)
         set_job_status(db, job_id, live_job_status(db, job))
@@ -1297,7 +1298,7 @@ REPUTATION = {
 }
 
 
-def approve_claim(db, settings, job, claim, *, auto=False, rule='approved'):
+def approve_claim(db, settings, job, claim, *, auto=False, rule='approved', reason=None):
     """Pay a delivered (or disputed) claim and, unless more all-paid shares remain, finish the job.
 
     first-wins and best-wins pay the whole price to one claim and supersede the others; while another
@@ -1314,7 +1315,8 @@ def approve_claim(db, settings, job, claim, *, auto=False, rule='approved'):
     if job['competition_mode'] == 'all-paid':
         cents //= job['max_workers']
     release_to_worker(db, settings, job, claim, agent, cents_to_units(cents, job['currency']))
-    set_claim_status(db, claim['id'], 'approved', verified_at=now_iso(), auto_approved=int(auto))
+    set_claim_status(db, claim['id'], 'approved', verified_at=now_iso(), auto_approved=int(auto),
+                     verification_reason=reason)
     adjust_reputation(db, agent['id'], *REPUTATION[rule], job['id'], claim['id'])
     if job['competition_mode'] != 'all-paid' or paid_claims(db, job['id']) >= job['max_workers']:
         db.execute('''UPDATE claims SET status = 'superseded', updated_at = :now WHERE job_id = :id
@@ -1333,13 +1335,13 @@ def refresh_multi_worker_job(db, job, unpaid_status):
         set_job_status(db, job['id'], live_job_status(db, job))
 
 
-def reject_claim(db, job, claim, *, rule='rejected', unpaid_status='rejected'):
+def reject_claim(db, job, claim, *, rule='rejected', unpaid_status='rejected', reason=None):
     """Refuse a delivered (or disputed) claim.
 
     A single-worker job ends (`unpaid_status`, escrow refunded). A multi-worker job frees the slot and
     stays open until its deadline; past the deadline with no active claim left, it ends now.
     """
-    set_claim_status(db, claim['id'], 'rejected', verified_at=now_iso())
+    set_claim_status(db, claim['id'], 'rejected', verified_at=now_iso(), verification_reason=reason)
     adjust_reputation(db, claim['agent_id'], *REPUTATION[rule], job['id'], claim['id'])
     if job['max_workers'] == 1:
         finish_job(db, job, unpaid_status)
@@ -1347,7 +1349,7 @@ def reject_claim(db, job, claim, *, rule='rejected', unpaid_status='rejected'):
         refresh_multi_worker_job(db, job, unpaid_status)
 
 
-def verify_claim(db, settings, job_id, claim_id, approved, account):
+def verify_claim(db, settings, job_id, claim_id, approved, account, reason=None):
     """The requester's verdict on a delivery; return (job, claim, payments made)."""
     with db.transaction():
         job = get_job(db, job_id)
@@ -1358,9 +1360,9 @@ def verify_claim(db, settings, job_id, claim_id, approved, account):
                            code='claim_not_delivered')
         before = db.value('SELECT max(seq) FROM payments')
         if approved:
-            approve_claim(db, settings, job, claim)
+            approve_claim(db, settings, job, claim, reason=reason)
         else:
-            reject_claim(db, job, claim)
+            reject_claim(db, job, claim, reason=reason)
         payments = new_payments(db, job_id, before)
     return get_job(db, job_id), get_claim(db, job_id, claim_id), payments
 
@@ -1672,10 +1674,11 @@ def list_jobs(db, *, match=None, category=None, status=None, min_pay=None, sort=
     return jobs, total
 
 
-def fts_query(text, max_words=32):
+def fts_query(text):
     """User text as an FTS5 query in which every word must match; each word is a quoted string, so
-    quotes, `*`, `NEAR(`, `-`, parentheses and operators are only ever text. None if it has no word."""
-    words = re.findall(r'\w+', text)[:max_words]
+    quotes, `*`, `NEAR(`, `-`, parentheses and operators are only ever text. None if it has no word.
+    (q is at most MAX_QUERY_LENGTH characters, so the query stays small.)"""
+    words = dict.fromkeys(re.findall(r'\w+', text))
     return ' '.join(f'"{word}"' for word in words) or None
 
 
@@ -1688,8 +1691,9 @@ MATCH_JOBS_SQL = f'''
                  WHEN lower(json_extract(j.requirements, '$.language')) IN (SELECT value FROM json_each(:languages))
                    OR EXISTS (SELECT 1 FROM json_each(j.requirements, '$.languages') l
                               WHERE lower(l.value) IN (SELECT value FROM json_each(:languages))) THEN 1.0
-                 WHEN json_type(j.requirements, '$.language') IS NULL
-                   AND json_type(j.requirements, '$.languages') IS NULL THEN 0.5
+                 WHEN coalesce(json_type(j.requirements, '$.language'), 'null') = 'null'
+                   AND NOT EXISTS (SELECT 1 FROM json_each(j.requirements, '$.languages') l
+                                   WHERE l.type != 'null') THEN 0.5
                  ELSE 0.0 END AS language_fit,
             CASE WHEN :min_pay IS NULL OR :min_pay = 0 THEN 1.0
                  ELSE min(1.0, j.amount_cents / (2.0 * :min_pay)) END AS pay_fit
@@ -1787,6 +1791,7 @@ def claim_json(claim):
         'deliverable': json.loads(claim['deliverable']) if claim['deliverable'] else None,
         'deliveredAt': claim['delivered_at'],
         'verifiedAt': claim['verified_at'],
+        'verificationReason': claim['verification_reason'],
         'autoApproved': bool(claim['auto_approved']),
         'createdAt': claim['created_at'],
         'updatedAt': claim['updated_at'],
@@ -2026,10 +2031,13 @@ def health():
         connected = svc.db.value('SELECT 1') == 1
     except apsw.Error:
         connected = False
+    health = {'status': 'ok' if connected else 'unavailable', 'version': __version__,
+              'dbConnected': connected, 'payments': 'simulated'}
     if not connected:
+        # The health shape, with the error fields too, for clients that read every 5xx as an error.
         response.status = 503
-    return {'status': 'ok' if connected else 'unavailable', 'version': __version__,
-            'dbConnected': connected, 'payments': 'simulated'}
+        health.update(error='The database cannot be read.', code='unavailable')
+    return health
 
 
 @route('GET', '/api/stats')
@@ -2407,10 +2415,10 @@ def post_verify(job_id):
     form = Form(read_json_body())
     claim_id = form.uuid('claimId', required=True)
     approved = form.boolean('approved', required=True)
-    form.text('reason', max_len=5000, allow_empty=True)
+    reason = form.text('reason', max_len=5000, allow_empty=True)
     form.done()
     svc = service()
-    job, claim, payments = verify_claim(svc.db, svc.settings, job_id, claim_id, approved, account)
+    job, claim, payments = verify_claim(svc.db, svc.settings, job_id, claim_id, approved, account, reason or None)
     return {'job': job_json(job, svc.settings.base_url), 'claim': claim_json(claim),
             'escrowStatus': job['escrow_status'], 'payments': [payment_json(p) for p in payments]}
 
@@ -2457,13 +2465,14 @@ def search_jobs():
                         'relevance' if (text or '').strip() else 'newest')
     limit, offset = page_params(query)
     match = fts_query(text) if (text or '').strip() else None
+    if not (text or '').strip() and sort == 'relevance':
+        sort = 'newest'              # nothing to rank by without a query
     svc = service()
     if (text or '').strip() and match is None:
         jobs, total = [], 0          # text with no word in it (only punctuation or emoji) matches nothing
     else:
         jobs, total = list_jobs(svc.db, match=match, category=category, status=status, min_pay=min_pay,
-                                sort=sort if match else ('newest' if sort == 'relevance' else sort),
-                                limit=limit, offset=offset)
+                                sort=sort, limit=limit, offset=offset)
     return {'results': [job_json(job, svc.settings.base_url) for job in jobs], 'total': total,
             'limit': limit, 'offset': offset, 'query': text,
             'filters': {'category': category, 'status': status,
@@ -2690,6 +2699,751 @@ def post_auto_verify():
     return run_sweep_for_admin(auto_verify_deliveries)
 
 
+# The OpenAPI document --------------------------------------------------------
+
+def schema_ref(name):
+    return {'$ref': f'#/components/schemas/{name}'}
+
+
+def nullable(schema):
+    """The same schema, also allowing null (OpenAPI 3.1 style)."""
+    loose = dict(schema, type=[schema['type'], 'null'])
+    if 'enum' in schema:
+        loose['enum'] = [*schema['enum'], None]
+    return loose
+
+
+def closed_object(properties, optional=(), description=None):
+    """An object with exactly these properties, each one always sent unless named in `optional`."""
+    schema = {'type': 'object', 'properties': properties,
+              'required': [name for name in properties if name not in optional], 'additionalProperties': False}
+    if description:
+        schema['description'] = description
+    return schema
+
+
+UUID_SCHEMA = {'type': 'string', 'format': 'uuid'}
+TIME_SCHEMA = {'type': 'string', 'format': 'date-time', 'examples': ['2026-11-21T16:40:00.000Z']}
+MONEY_SCHEMA = {'type': 'string', 'pattern': r'^\d+\.\d{2}$', 'examples': ['25.00']}
+SIGNED_MONEY_SCHEMA = {'type': 'string', 'pattern': r'^-?\d+\.\d{2}$', 'examples': ['-0.25']}
+ADDRESS_SCHEMA = {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{40}$',
+                  'description': 'An EVM address; mixed case must match its EIP-55 checksum.'}
+TX_HASH_SCHEMA = {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{64}$'}
+URL_SCHEMA = {'type': 'string', 'format': 'uri', 'maxLength': 2048, 'pattern': r'^[hH][tT][tT][pP][sS]?://[^/?#\s]+\S*$'}
+SHARE_SCHEMA = {'type': 'number', 'minimum': 0, 'maximum': 1}
+COUNT_SCHEMA = {'type': 'integer', 'minimum': 0}
+CATEGORY_SCHEMA = {'type': 'string', 'enum': list(CATEGORIES)}
+JOB_STATUS_SCHEMA = {'type': 'string', 'enum': list(JOB_STATUSES)}
+CURRENCY_SCHEMA = {'type': 'string', 'enum': list(DECIMALS)}
+RAIL_SCHEMA = {'type': 'string', 'enum': list(RAILS.values())}
+OUTCOME_SCHEMA = {'type': 'string', 'enum': list(OUTCOMES)}
+ARBITRATOR_STATUS_SCHEMA = {'type': 'string', 'enum': ['active', 'suspended']}
+CRITERION_SCHEMA = {'type': 'object', 'required': ['type', 'check'], 'properties': {
+    'type': {'type': 'string', 'minLength': 1, 'maxLength': 2000, 'examples': ['automated']},
+    'check': {'type': 'string', 'minLength': 1, 'maxLength': 2000}}}
+# capabilities and pricing keep any other keys an agent sends; a known key sent as null stays null.
+CAPABILITIES_SCHEMA = {'type': 'object', 'properties': {
+    'categories': nullable({'type': 'array', 'maxItems': 50, 'items': CATEGORY_SCHEMA}),
+    'languages': nullable({'type': 'array', 'maxItems': 50,
+                           'items': {'type': 'string', 'minLength': 1, 'maxLength': 50}}),
+    'maxJobValue': nullable({'type': 'number', 'minimum': 0, 'maximum': 1e12}),
+    'avgCompletionTime': nullable({'type': 'string', 'maxLength': 50, 'examples': ['30m']})}}
+PRICING_SCHEMA = {'type': 'object', 'properties': {
+    'minimumJobValue': nullable({'type': 'number', 'minimum': 0, 'maximum': 1e12}),
+    'acceptedCurrencies': nullable({'type': 'array', 'maxItems': 50, 'items': CURRENCY_SCHEMA})}}
+
+JOB_SCHEMA = closed_object({
+    'id': UUID_SCHEMA,
+    'status': JOB_STATUS_SCHEMA,
+    'title': {'type': 'string', 'minLength': 1, 'maxLength': 200},
+    'description': {'type': 'string', 'minLength': 1, 'maxLength': 20_000},
+    'category': CATEGORY_SCHEMA,
+    'paymentAmount': MONEY_SCHEMA,
+    'paymentCurrency': CURRENCY_SCHEMA,
+    'paymentRail': RAIL_SCHEMA,
+    'requesterId': UUID_SCHEMA,
+    'requirements': {'type': 'object', 'description': 'Free-form, e.g. {"repo": ..., "language": ...}.'},
+    'acceptanceCriteria': {'type': 'array', 'maxItems': 50, 'items': CRITERION_SCHEMA},
+    'maxWorkers': {'type': 'integer', 'minimum': 1, 'maximum': 100},
+    'competitionMode': {'type': 'string', 'enum': list(COMPETITION_MODES)},
+    'deadline': TIME_SCHEMA,
+    'verificationWindowHours': {'type': 'integer', 'minimum': 1, 'maximum': 720},
+    'minReputation': MONEY_SCHEMA,
+    'escrowStatus': {'type': 'string', 'enum': ['locked', 'released', 'refunded']},
+    'escrowTxHash': nullable(TX_HASH_SCHEMA),
+    'claimCount': dict(COUNT_SCHEMA, description='Active claims: claimed, delivered or disputed.'),
+    'createdAt': TIME_SCHEMA,
+    'updatedAt': TIME_SCHEMA,
+    'url': {'type': 'string', 'format': 'uri', 'description': "The job's page."},
+}, description='A paid job; its full paymentAmount is locked in escrow from creation.')
+
+AGENT_SCHEMA = closed_object({
+    'id': UUID_SCHEMA,
+    'accountId': UUID_SCHEMA,
+    'name': {'type': 'string', 'minLength': 1, 'maxLength': 100},
+    'description': {'type': 'string', 'maxLength': 2000},
+    'walletAddress': ADDRESS_SCHEMA,
+    'capabilities': CAPABILITIES_SCHEMA,
+    'pricing': PRICING_SCHEMA,
+    'reputationScore': MONEY_SCHEMA,
+    'jobsCompleted': COUNT_SCHEMA,
+    'totalEarned': MONEY_SCHEMA,
+    'completionRate': dict(SHARE_SCHEMA, description='Approved claims over finished ones (0 before any).'),
+    'createdAt': TIME_SCHEMA,
+    'updatedAt': TIME_SCHEMA,
+    'webhookUrl': dict(nullable(URL_SCHEMA), description="Sent only to the agent's owner and to admins."),
+}, optional=['webhookUrl'], description='An agent that claims and delivers jobs.')
+
+MATCH_SCORE_SCHEMA = dict(SHARE_SCHEMA, description='How well it matches, from 0 to 1.')
+
+API_SCHEMAS = {
+    # Resources
+    'Job': JOB_SCHEMA,
+    'Claim': closed_object({
+        'id': UUID_SCHEMA,
+        'jobId': UUID_SCHEMA,
+        'agentId': UUID_SCHEMA,
+        'status': {'type': 'string', 'enum': ['claimed', 'delivered', 'approved', 'rejected', 'disputed',
+                                              'expired', 'superseded']},
+        'deliverable': nullable(closed_object({
+            'type': {'type': 'string', 'minLength': 1, 'maxLength': 50, 'examples': ['url', 'pull_request']},
+            'url': URL_SCHEMA,
+            'notes': {'type': 'string', 'maxLength': 5000},
+        }, optional=['notes'])),
+        'deliveredAt': nullable(TIME_SCHEMA),
+        'verifiedAt': nullable(TIME_SCHEMA),
+        'verificationReason': nullable({'type': 'string', 'description': "The requester's reason, when given."}),
+        'autoApproved': {'type': 'boolean'},
+        'createdAt': TIME_SCHEMA,
+        'updatedAt': TIME_SCHEMA,
+    }),
+    'Payment': closed_object({
+        'id': UUID_SCHEMA,
+        'type': {'type': 'string', 'enum': ['escrow', 'release', 'refund', 'fee']},
+        'amount': MONEY_SCHEMA,
+        'currency': CURRENCY_SCHEMA,
+        'rail': RAIL_SCHEMA,
+        'status': {'type': 'string', 'enum': ['simulated', 'pending', 'confirmed', 'failed'],
+                   'description': 'simulated: a ledger entry only, with txHash null.'},
+        'recipient': {'type': 'string', 'description': "A wallet address, an agent or account id, 'escrow' or "
+                                                       "'operator'."},
+        'txHash': nullable(TX_HASH_SCHEMA),
+        'createdAt': TIME_SCHEMA,
+    }),
+    'Account': closed_object({
+        'id': UUID_SCHEMA,
+        'name': {'type': 'string', 'minLength': 1, 'maxLength': 100},
+        'role': {'type': 'string', 'enum': ['admin', 'member']},
+    }),
+    'Agent': AGENT_SCHEMA,
+    'ReputationEntry': closed_object({
+        'delta': dict(SIGNED_MONEY_SCHEMA, description='The nominal change, even where the 0.00 floor cut it short.'),
+        'reason': {'type': 'string', 'examples': ['delivery approved']},
+        'jobId': nullable(UUID_SCHEMA),
+        'claimId': nullable(UUID_SCHEMA),
+        'scoreAfter': MONEY_SCHEMA,
+        'createdAt': TIME_SCHEMA,
+    }),
+    'Dispute': closed_object({
+        'id': UUID_SCHEMA,
+        'jobId': UUID_SCHEMA,
+        'claimId': UUID_SCHEMA,
+        'status': {'type': 'string', 'enum': ['open', 'resolved']},
+        'reason': {'type': 'string', 'minLength': 1, 'maxLength': 5000},
+        'outcome': nullable(OUTCOME_SCHEMA),
+        'resolution': nullable({'type': 'string'}),
+        'resolvedBy': nullable({'type': 'string', 'examples': ['community']}),
+        'requiredVotes': {'type': 'integer', 'minimum': 1},
+        'votesReceived': COUNT_SCHEMA,
+        'createdAt': TIME_SCHEMA,
+        'resolvedAt': nullable(TIME_SCHEMA),
+    }),
+    'Arbitrator': closed_object({
+        'id': UUID_SCHEMA,
+        'name': {'type': 'string', 'minLength': 1, 'maxLength': 100},
+        'walletAddress': ADDRESS_SCHEMA,
+        'agentId': nullable(UUID_SCHEMA),
+        'accountId': UUID_SCHEMA,
+        'status': ARBITRATOR_STATUS_SCHEMA,
+        'accuracy': dict(nullable(SHARE_SCHEMA), description='Share of its votes on resolved disputes that matched '
+                                                             'the outcome; null before any.'),
+        'votesCast': COUNT_SCHEMA,
+        'createdAt': TIME_SCHEMA,
+    }),
+    'Vote': closed_object({
+        'id': UUID_SCHEMA,
+        'disputeId': UUID_SCHEMA,
+        'arbitratorId': UUID_SCHEMA,
+        'vote': OUTCOME_SCHEMA,
+        'reasoning': {'type': 'string', 'maxLength': 5000},
+        'createdAt': TIME_SCHEMA,
+    }),
+    'Error': closed_object({
+        'error': {'type': 'string', 'minLength': 1, 'description': 'One sentence for a person.'},
+        'code': {'type': 'string', 'pattern': '^[a-z]+(_[a-z]+)*$', 'examples': ['already_claimed']},
+        'status': {'type': 'integer', 'minimum': 400, 'maximum': 599},
+        'fields': {'type': 'object', 'additionalProperties': {'type': 'string'},
+                   'description': 'What is wrong with each field, for validation errors.'},
+    }, optional=['fields']),
+
+    # Request bodies (unknown fields are ignored; an optional field sent as null counts as absent)
+    'JobCreate': {'type': 'object', 'required': ['title', 'description', 'category', 'paymentAmount', 'deadline'],
+                  'properties': {
+        'title': {'type': 'string', 'minLength': 1, 'maxLength': 200},
+        'description': {'type': 'string', 'minLength': 1, 'maxLength': 20_000},
+        'category': CATEGORY_SCHEMA,
+        'paymentAmount': {'description': 'More than 0 and at most 1000000.00.', 'anyOf': [
+            {'type': 'string', 'pattern': r'^\d{1,9}(\.\d{1,2})?$', 'examples': ['25.00']},
+            {'type': 'integer', 'minimum': 1, 'maximum': 1_000_000}]},
+        'paymentCurrency': dict(CURRENCY_SCHEMA, default='USDC'),
+        'paymentRail': dict(RAIL_SCHEMA, description='Default base for USDC, stripe for USD (the only pairs).'),
+        'requesterId': dict(UUID_SCHEMA, description="Default the caller's account; another only for admins."),
+        'requirements': {'type': 'object', 'default': {}, 'description': 'Free-form, at most 20000 bytes of JSON.'},
+        'acceptanceCriteria': {'type': 'array', 'maxItems': 50, 'items': CRITERION_SCHEMA, 'default': []},
+        'maxWorkers': {'type': 'integer', 'minimum': 1, 'maximum': 100, 'default': 1},
+        'competitionMode': {'type': 'string', 'enum': list(COMPETITION_MODES), 'default': 'first-wins'},
+        'deadline': {'type': 'string', 'description': 'In the future; any ISO 8601 time, UTC when it has no offset.',
+                     'examples': ['2026-12-01T00:00:00Z']},
+        'verificationWindowHours': {'type': 'integer', 'minimum': 1, 'maximum': 720, 'default': 24},
+        'minReputation': {'type': ['number', 'string'], 'default': '0.00',
+                          'description': 'Reputation an agent needs to claim, 0 to 1000000 (e.g. 10 or "10.00").'},
+    }},
+    'AgentCreate': {'type': 'object', 'required': ['name', 'walletAddress'], 'properties': {
+        'name': {'type': 'string', 'minLength': 1, 'maxLength': 100},
+        'description': {'type': 'string', 'maxLength': 2000, 'default': ''},
+        'walletAddress': ADDRESS_SCHEMA,
+        'webhookUrl': URL_SCHEMA,
+        'capabilities': dict(CAPABILITIES_SCHEMA, description='At most 10000 bytes of JSON.'),
+        'pricing': dict(PRICING_SCHEMA, description='At most 10000 bytes of JSON.'),
+    }},
+    'AccountCreate': {'type': 'object', 'required': ['name'], 'properties': {
+        'name': {'type': 'string', 'minLength': 1, 'maxLength': 100}}},
+    'ClaimCreate': {'type': 'object', 'properties': {
+        'agentId': dict(UUID_SCHEMA, description="An agent the caller owns; may be left out when it owns exactly one.")}},
+    'Deliver': {'description': 'A deliverable object, or the flat alias form (deliveryUrl, deliveryNotes, '
+                               'artifactType); a body with `deliverable` is read as the first.', 'anyOf': [
+        {'type': 'object', 'required': ['claimId', 'deliverable'], 'properties': {
+            'claimId': UUID_SCHEMA,
+            'deliverable': {'type': 'object', 'required': ['url'], 'properties': {
+                'type': {'type': 'string', 'minLength': 1, 'maxLength': 50, 'default': 'url'},
+                'url': URL_SCHEMA,
+                'notes': {'type': 'string', 'maxLength': 5000}}}}},
+        {'type': 'object', 'required': ['claimId', 'deliveryUrl'], 'properties': {
+            'claimId': UUID_SCHEMA,
+            'deliveryUrl': URL_SCHEMA,
+            'deliveryNotes': {'type': 'string', 'maxLength': 5000},
+            'artifactType': {'type': 'string', 'minLength': 1, 'maxLength': 50, 'default': 'url'}}},
+    ]},
+    'Verify': {'type': 'object', 'required': ['claimId', 'approved'], 'properties': {
+        'claimId': UUID_SCHEMA,
+        'approved': {'type': 'boolean', 'description': 'true releases escrow to the worker, false refunds it.'},
+        'reason': {'type': 'string', 'maxLength': 5000}}},
+    'DisputeCreate': {'type': 'object', 'required': ['claimId', 'reason'], 'properties': {
+        'claimId': UUID_SCHEMA,
+        'reason': {'type': 'string', 'minLength': 1, 'maxLength': 5000}}},
+    'DisputeResolve': {'type': 'object', 'required': ['outcome', 'resolution'], 'properties': {
+        'outcome': dict(OUTCOME_SCHEMA, description='worker releases escrow; requester refunds it.'),
+        'resolution': {'type': 'string', 'minLength': 1, 'maxLength': 5000},
+        'resolvedBy': {'type': 'string', 'minLength': 1, 'maxLength': 200,
+                       'description': "Default the caller's account name."}}},
+    'VoteCreate': {'type': 'object', 'required': ['arbitratorId', 'vote'], 'properties': {
+        'arbitratorId': dict(UUID_SCHEMA, description='An active arbitrator the caller owns.'),
+        'vote': OUTCOME_SCHEMA,
+        'reasoning': {'type': 'string', 'maxLength': 5000, 'default': ''}}},
+    'ArbitratorCreate': {'type': 'object', 'required': ['name', 'walletAddress'], 'properties': {
+        'name': {'type': 'string', 'minLength': 1, 'maxLength': 100},
+        'walletAddress': ADDRESS_SCHEMA,
+        'agentId': dict(UUID_SCHEMA, description='An agent the caller owns, with reputation 10.00 or more. '
+                                                 'Without it, admins only (a human arbitrator).'),
+        'accountId': dict(UUID_SCHEMA, description='Admins, without agentId: the account that will vote with it '
+                                                   "(default the admin's).")}},
+    'ArbitratorPatch': {'type': 'object', 'required': ['status'], 'properties': {
+        'status': ARBITRATOR_STATUS_SCHEMA}},
+    'EmptyBody': {'type': 'object', 'description': 'Optional and ignored; if sent, it must be a JSON object.'},
+
+    # Responses
+    'Health': closed_object({
+        'status': {'type': 'string', 'enum': ['ok', 'unavailable']},
+        'version': {'type': 'string', 'examples': [__version__]},
+        'dbConnected': {'type': 'boolean'},
+        'payments': {'type': 'string', 'enum': ['simulated', 'onchain']},
+        'error': {'type': 'string', 'description': 'Only on the 503: what is wrong.'},
+        'code': {'type': 'string', 'enum': ['unavailable'], 'description': 'Only on the 503.'},
+    }, optional=('error', 'code')),
+    'Stats': closed_object({
+        'totalJobs': COUNT_SCHEMA,
+        'totalAgents': COUNT_SCHEMA,
+        'totalUSDC': dict(MONEY_SCHEMA, description='Released to workers.'),
+        'totalUSD': dict(MONEY_SCHEMA, description='Released to workers.'),
+        'openJobs': COUNT_SCHEMA,
+        'completedJobs': COUNT_SCHEMA,
+        'openDisputes': COUNT_SCHEMA,
+        'totalArbitrators': COUNT_SCHEMA,
+    }),
+    'AccountCreated': closed_object({
+        'account': schema_ref('Account'),
+        'apiKey': {'type': 'string', 'pattern': '^mk_[A-Za-z0-9_-]+$', 'description': 'Shown once.'},
+    }),
+    'AgentRegistered': closed_object({
+        'agent': schema_ref('Agent'),
+        'apiKey': {'type': 'string', 'pattern': '^mk_[A-Za-z0-9_-]+$', 'description': 'Shown once.'},
+        'webhookSecret': {'type': 'string', 'pattern': '^whsec_[A-Za-z0-9+/]+={0,2}$', 'description': 'Shown once.'},
+    }),
+    'AgentCreated': closed_object({
+        'agent': schema_ref('Agent'),
+        'webhookSecret': {'type': 'string', 'pattern': '^whsec_[A-Za-z0-9+/]+={0,2}$', 'description': 'Shown once.'},
+    }),
+    'AgentList': closed_object({
+        'agents': {'type': 'array', 'items': schema_ref('Agent')},
+        'total': COUNT_SCHEMA, 'limit': {'type': 'integer', 'minimum': 1, 'maximum': 200}, 'offset': COUNT_SCHEMA,
+    }),
+    'AgentDetail': closed_object({
+        'agent': schema_ref('Agent'),
+        'claims': {'type': 'array', 'maxItems': 50, 'items': schema_ref('Claim'), 'description': 'Newest first.'},
+        'reputationHistory': {'type': 'array', 'maxItems': 200, 'items': schema_ref('ReputationEntry'),
+                              'description': 'Newest first.'},
+    }),
+    'JobList': closed_object({
+        'jobs': {'type': 'array', 'items': schema_ref('Job')},
+        'total': COUNT_SCHEMA, 'limit': {'type': 'integer', 'minimum': 1, 'maximum': 200}, 'offset': COUNT_SCHEMA,
+    }),
+    'JobResult': closed_object({'job': schema_ref('Job')}),
+    'JobDetail': closed_object({
+        'job': schema_ref('Job'),
+        'claims': {'type': 'array', 'items': schema_ref('Claim'), 'description': 'Oldest first.'},
+        'payments': {'type': 'array', 'items': schema_ref('Payment')},
+    }),
+    'ClaimResult': closed_object({'claim': schema_ref('Claim'), 'job': schema_ref('Job')}),
+    'VerifyResult': closed_object({
+        'job': schema_ref('Job'),
+        'claim': schema_ref('Claim'),
+        'escrowStatus': {'type': 'string', 'enum': ['locked', 'released', 'refunded']},
+        'payments': {'type': 'array', 'items': schema_ref('Payment'), 'description': 'The payments this verdict made.'},
+    }),
+    'DisputeCreated': closed_object({'dispute': schema_ref('Dispute'), 'job': schema_ref('Job')}),
+    'DisputeList': closed_object({
+        'disputes': {'type': 'array', 'items': schema_ref('Dispute')},
+        'total': COUNT_SCHEMA, 'limit': {'type': 'integer', 'minimum': 1, 'maximum': 200}, 'offset': COUNT_SCHEMA,
+    }),
+    'DisputeDetail': closed_object({'dispute': schema_ref('Dispute'), 'job': schema_ref('Job'),
+                                    'claim': schema_ref('Claim')}),
+    'DisputeResolved': closed_object({
+        'dispute': schema_ref('Dispute'),
+        'escrowStatus': {'type': 'string', 'enum': ['locked', 'released', 'refunded']},
+        'jobStatus': JOB_STATUS_SCHEMA,
+    }),
+    'VoteCast': closed_object({
+        'vote': schema_ref('Vote'),
+        'votesReceived': COUNT_SCHEMA,
+        'requiredVotes': {'type': 'integer', 'minimum': 1},
+        'resolved': {'type': 'boolean'},
+        'outcome': dict(nullable(OUTCOME_SCHEMA), description='null until the dispute is resolved.'),
+    }),
+    'VoteList': closed_object({
+        'votes': {'type': 'array', 'items': schema_ref('Vote'), 'description': 'Oldest first.'},
+        'summary': closed_object({'requester': COUNT_SCHEMA, 'worker': COUNT_SCHEMA, 'total': COUNT_SCHEMA}),
+    }),
+    'ArbitratorResult': closed_object({'arbitrator': schema_ref('Arbitrator')}),
+    'ArbitratorList': closed_object({
+        'arbitrators': {'type': 'array', 'items': schema_ref('Arbitrator'),
+                        'description': 'By accuracy (nulls last), then votesCast.'},
+        'total': COUNT_SCHEMA, 'limit': {'type': 'integer', 'minimum': 1, 'maximum': 200}, 'offset': COUNT_SCHEMA,
+    }),
+    'ExpireResult': closed_object({
+        'expired': COUNT_SCHEMA,
+        'refunded': COUNT_SCHEMA,
+        'reputationPenalties': COUNT_SCHEMA,
+        'jobIds': {'type': 'array', 'items': UUID_SCHEMA},
+    }),
+    'AutoVerifyResult': closed_object({
+        'autoApproved': COUNT_SCHEMA,
+        'claimIds': {'type': 'array', 'items': UUID_SCHEMA},
+        'checked': dict(COUNT_SCHEMA, description='Delivered claims examined.'),
+    }),
+    'SearchResult': {'type': 'object', 'required': ['results', 'total', 'limit', 'offset', 'query', 'filters', 'sort'],
+                     'properties': {
+        'results': {'type': 'array', 'items': schema_ref('Job')},
+        'total': COUNT_SCHEMA,
+        'limit': {'type': 'integer', 'minimum': 1, 'maximum': 200},
+        'offset': COUNT_SCHEMA,
+        'query': nullable({'type': 'string'}),
+        'filters': {'type': 'object', 'required': ['category', 'status', 'min_pay'], 'properties': {
+            'category': nullable(CATEGORY_SCHEMA),
+            'status': nullable(JOB_STATUS_SCHEMA),
+            'min_pay': nullable(MONEY_SCHEMA)}},
+        'sort': {'type': 'string', 'enum': ['relevance', 'newest', 'pay_desc', 'pay_asc', 'deadline']},
+    }},
+    'JobMatch': {'type': 'object', 'description': 'A job and its match score.',
+                 'required': JOB_SCHEMA['required'] + ['matchScore'],
+                 'properties': dict(JOB_SCHEMA['properties'], matchScore=MATCH_SCORE_SCHEMA)},
+    'JobMatches': {'type': 'object', 'required': ['matches', 'total'], 'properties': {
+        'matches': {'type': 'array', 'items': schema_ref('JobMatch'), 'description': 'Best match first.'},
+        'total': COUNT_SCHEMA}},
+    'AgentMatch': {'type': 'object', 'description': 'An agent and its match score.',
+                   'required': AGENT_SCHEMA['required'] + ['matchScore'],
+                   'properties': dict(AGENT_SCHEMA['properties'], matchScore=MATCH_SCORE_SCHEMA)},
+    'AgentMatches': {'type': 'object', 'required': ['matches', 'total'], 'properties': {
+        'matches': {'type': 'array', 'items': schema_ref('AgentMatch'), 'description': 'Best match first.'},
+        'total': COUNT_SCHEMA}},
+    'AgentCard': {'type': 'object', 'description': "An A2A agent card for one agent; `url` is the card's own address.",
+                  'required': ['name', 'description', 'url', 'capabilities', 'skills', 'reputation', 'payment'],
+                  'properties': {
+        'name': {'type': 'string'},
+        'description': {'type': 'string'},
+        'url': {'type': 'string', 'format': 'uri'},
+        'capabilities': {'type': 'object'},
+        'skills': {'type': 'array', 'items': {'type': 'object'}},
+        'reputation': {'type': 'object', 'required': ['score', 'completionRate', 'jobsCompleted'], 'properties': {
+            'score': MONEY_SCHEMA, 'completionRate': SHARE_SCHEMA, 'jobsCompleted': COUNT_SCHEMA}},
+        'payment': {'type': 'object', 'required': ['walletAddress', 'acceptedCurrencies', 'minimumJobValue'],
+                    'properties': {
+            'walletAddress': ADDRESS_SCHEMA,
+            'acceptedCurrencies': {'type': 'array', 'items': CURRENCY_SCHEMA},
+            'minimumJobValue': MONEY_SCHEMA}},
+    }},
+    'ServiceCard': {'type': 'object', 'description': "The service's A2A v1.0.0 agent card.",
+                    'required': ['name', 'description', 'version', 'supportedInterfaces', 'capabilities',
+                                 'defaultInputModes', 'defaultOutputModes', 'skills'], 'properties': {
+        'name': {'type': 'string'},
+        'description': {'type': 'string'},
+        'version': {'type': 'string'},
+        'supportedInterfaces': {'type': 'array', 'minItems': 1, 'items': {
+            'type': 'object', 'required': ['url', 'protocolBinding', 'protocolVersion'], 'properties': {
+                'url': {'type': 'string', 'format': 'uri'},
+                'protocolBinding': {'type': 'string', 'examples': ['HTTP+JSON']},
+                'protocolVersion': {'type': 'string', 'examples': ['1.0']}}}},
+        'provider': {'type': 'object', 'required': ['organization', 'url'], 'properties': {
+            'organization': {'type': 'string'}, 'url': {'type': 'string', 'format': 'uri'}}},
+        'capabilities': {'type': 'object', 'properties': {
+            'streaming': {'type': 'boolean'}, 'pushNotifications': {'type': 'boolean'}}},
+        'defaultInputModes': {'type': 'array', 'items': {'type': 'string'}},
+        'defaultOutputModes': {'type': 'array', 'items': {'type': 'string'}},
+        'skills': {'type': 'array', 'items': {
+            'type': 'object', 'required': ['id', 'name', 'description', 'tags'], 'properties': {
+                'id': {'type': 'string'}, 'name': {'type': 'string'}, 'description': {'type': 'string'},
+                'tags': {'type': 'array', 'items': {'type': 'string'}},
+                'examples': {'type': 'array', 'items': {'type': 'string'}}}}},
+        'securitySchemes': {'type': 'object'},
+        'documentationUrl': {'type': 'string', 'format': 'uri', 'description': 'This OpenAPI document.'},
+        'url': {'type': 'string', 'format': 'uri', 'description': 'Legacy, for older clients.'},
+        'protocolVersion': {'type': 'string', 'description': 'Legacy, for older clients.'},
+    }},
+    'OpenAPIDocument': {'type': 'object', 'required': ['openapi', 'info', 'paths', 'components'], 'properties': {
+        'openapi': {'const': '3.1.0'}}},
+}
+
+# Query and header parameters, as plain dicts; openapi_document adds `in`.
+LIMIT_PARAM = {'name': 'limit', 'schema': {'type': 'integer', 'minimum': 1, 'default': 50},
+               'description': 'Page size, 1 to 200; a larger value is clamped to 200 and echoed.'}
+OFFSET_PARAM = {'name': 'offset', 'schema': {'type': 'integer', 'minimum': 0, 'maximum': MAX_OFFSET, 'default': 0},
+                'description': 'How many to skip.'}
+MIN_PAY_PARAM = {'name': 'min_pay', 'schema': {'type': 'number', 'minimum': 0},
+                 'description': 'Only jobs paying at least this much, e.g. 10.5.'}
+CATEGORY_PARAM = {'name': 'category', 'schema': CATEGORY_SCHEMA, 'description': 'Only jobs of this category.'}
+JOB_STATUS_PARAM = {'name': 'status', 'schema': JOB_STATUS_SCHEMA, 'description': 'Only jobs in this status.'}
+CATEGORIES_PARAM = {'name': 'categories', 'schema': {'type': 'string', 'examples': ['code,data']},
+                    'description': 'Comma-separated categories; any of them matches.'}
+
+STREAM_DESCRIPTION = '''Server-Sent Events, each with an `event:` line and a JSON `data:` line:
+`connected` first (data: the filters, the heartbeat interval and the maximum duration), then `job.new`
+for each matching new job (data: a job summary; `id:` set so that `Last-Event-ID` resumes), `heartbeat`
+every 30 seconds, and `timeout` before the stream closes after at most 10 minutes.'''
+
+# Every route: summary, tags, parameters, body, success status and schema, the errors it can answer,
+# and whether it needs an API key ('key'), reads one when sent ('optional') or ignores keys (None).
+# openapi_document adds 405 and a default Error response to every operation.
+API_OPERATIONS = {
+    ('GET', '/api/health'): {
+        'summary': 'Health of the service and its database', 'tags': ['System'],
+        'ok': (200, 'Health'), 'errors': (), 'also': {503: ('Health', 'The database is unreachable.')},
+        'description': 'Not rate-limited, so that monitors and load balancers can probe it.'},
+    ('GET', '/api/stats'): {
+        'summary': 'Totals: jobs, agents, money released, disputes, arbitrators', 'tags': ['System'],
+        'ok': (200, 'Stats'), 'errors': (429,)},
+    ('GET', '/api/openapi.json'): {
+        'summary': 'This OpenAPI 3.1 document', 'tags': ['System'],
+        'ok': (200, 'OpenAPIDocument'), 'errors': (429,)},
+    ('POST', '/api/accounts'): {
+        'summary': 'Open registration: an account and its API key', 'tags': ['Accounts'],
+        'body': 'AccountCreate', 'ok': (201, 'AccountCreated'), 'errors': (400, 403, 413, 429),
+        'description': '403 `registration_closed` when the operator turned open registration off.'},
+    ('POST', '/api/agents/register'): {
+        'summary': 'Open registration: an account and its agent in one step', 'tags': ['Accounts', 'Agents'],
+        'body': 'AgentCreate', 'ok': (201, 'AgentRegistered'), 'errors': (400, 403, 413, 429),
+        'description': '403 `registration_closed` when the operator turned open registration off.'},
+    ('POST', '/api/agents'): {
+        'summary': "Register an agent for the caller's account", 'tags': ['Agents'], 'auth': 'key',
+        'body': 'AgentCreate', 'ok': (201, 'AgentCreated'), 'errors': (400, 401, 413, 429)},
+    ('GET', '/api/agents'): {
+        'summary': 'List agents', 'tags': ['Agents'], 'auth': 'optional',
+        'query': [{'name': 'sort', 'schema': {'type': 'string', 'enum': list(AGENT_SORTS), 'default': 'reputation'},
+                   'description': 'Order of the list.'}, LIMIT_PARAM, OFFSET_PARAM],
+        'ok': (200, 'AgentList'), 'errors': (400, 429)},
+    ('GET', '/api/agents/<agent_id>'): {
+        'summary': 'An agent with its recent claims and reputation history', 'tags': ['Agents'], 'auth': 'optional',
+        'ok': (200, 'AgentDetail'), 'errors': (400, 404, 429)},
+    ('GET', '/api/agents/<agent_id>/card'): {
+        'summary': "An agent's A2A agent card", 'tags': ['Discovery', 'Agents'],
+        'ok': (200, 'AgentCard'), 'errors': (400, 404, 429)},
+    ('GET', '/api/agents/match'): {
+        'summary': 'Agents that suit a job, or a category and language', 'tags': ['Discovery', 'Agents'],
+        'query': [{'name': 'job_id', 'schema': UUID_SCHEMA, 'description': 'Match agents to this job.'},
+                  {'name': 'category', 'schema': CATEGORY_SCHEMA, 'description': 'Without job_id: this category.'},
+                  {'name': 'language', 'schema': {'type': 'string'}, 'description': 'Without job_id: this language.'},
+                  {'name': 'min_reputation', 'schema': {'type': 'number', 'minimum': 0},
+                   'description': 'Only agents with at least this reputation.'}, LIMIT_PARAM],
+        'ok': (200, 'AgentMatches'), 'errors': (400, 404, 429)},
+    ('GET', '/api/jobs'): {
+        'summary': 'List jobs', 'tags': ['Jobs'],
+        'query': [CATEGORY_PARAM, JOB_STATUS_PARAM, MIN_PAY_PARAM,
+                  {'name': 'sort', 'schema': {'type': 'string', 'enum': list(JOB_SORTS), 'default': 'newest'},
+                   'description': 'Order of the list; `deadline` is soonest first.'}, LIMIT_PARAM, OFFSET_PARAM],
+        'ok': (200, 'JobList'), 'errors': (400, 429)},
+    ('POST', '/api/jobs'): {
+        'summary': 'Post a job and lock its payment in escrow', 'tags': ['Jobs'], 'auth': 'key',
+        'body': 'JobCreate', 'ok': (201, 'JobResult'), 'errors': (400, 401, 403, 413, 429)},
+    ('GET', '/api/jobs/search'): {
+        'summary': 'Full-text search over job titles and descriptions', 'tags': ['Discovery', 'Jobs'],
+        'query': [{'name': 'q', 'schema': {'type': 'string', 'maxLength': 500},
+                   'description': 'Words that must all match, case-insensitively; plain text, not FTS5 syntax.'},
+                  CATEGORY_PARAM, JOB_STATUS_PARAM, MIN_PAY_PARAM,
+                  {'name': 'sort', 'schema': {'type': 'string', 'enum': ['relevance', 'newest', 'pay_desc', 'pay_asc',
+                                                                         'deadline']},
+                   'description': 'Default relevance when q is given, else newest.'}, LIMIT_PARAM, OFFSET_PARAM],
+        'ok': (200, 'SearchResult'), 'errors': (400, 429),
+        'description': 'At least one of q, category and min_pay is required (400 `missing_query`).'},
+    ('GET', '/api/jobs/match'): {
+        'summary': 'Jobs that suit some categories and languages', 'tags': ['Discovery', 'Jobs'],
+        'query': [CATEGORIES_PARAM,
+                  {'name': 'languages', 'schema': {'type': 'string', 'examples': ['python,go']},
+                   'description': 'Comma-separated; matches requirements.language or requirements.languages.'},
+                  MIN_PAY_PARAM, LIMIT_PARAM],
+        'ok': (200, 'JobMatches'), 'errors': (400, 429)},
+    ('GET', '/api/jobs/stream'): {
+        'summary': 'A Server-Sent Events stream of new jobs', 'tags': ['Discovery', 'Jobs'],
+        'query': [CATEGORIES_PARAM, MIN_PAY_PARAM,
+                  {'name': 'since', 'schema': {'type': 'string', 'format': 'date-time'},
+                   'description': 'First replay the matching open jobs created after this time, oldest first.'}],
+        'headers': [{'name': 'Last-Event-ID', 'schema': {'type': 'string'},
+                     'description': 'Resume after this event (browsers send it when they reconnect).'}],
+        'ok': (200, None), 'media': ['text/event-stream'], 'ok_description': STREAM_DESCRIPTION,
+        'errors': (400, 429)},
+    ('GET', '/api/jobs/feed'): {
+        'summary': 'RSS 2.0 or Atom feed of the 50 newest open jobs', 'tags': ['Discovery', 'Jobs'],
+        'query': [{'name': 'format', 'schema': {'type': 'string', 'enum': ['rss', 'atom'], 'default': 'rss'},
+                   'description': 'rss (application/rss+xml) or atom (application/atom+xml).'}],
+        'ok': (200, None), 'media': ['application/rss+xml', 'application/atom+xml'],
+        'ok_description': 'The feed; each item links to the job page.', 'errors': (400, 429)},
+    ('GET', '/api/jobs/<job_id>'): {
+        'summary': 'A job with its claims and payment records', 'tags': ['Jobs'],
+        'ok': (200, 'JobDetail'), 'errors': (400, 404, 429)},
+    ('GET', '/jobs/<job_id>'): {
+        'summary': "The job's page (each job's url); for now it redirects to GET /api/jobs/{job_id}",
+        'tags': ['Jobs'], 'ok': (303, None), 'media': [],
+        'ok_description': 'See Other: Location is /api/jobs/{job_id}.', 'errors': (400, 404, 429)},
+    ('POST', '/api/jobs/<job_id>/claim'): {
+        'summary': 'Claim a job for an agent the caller owns', 'tags': ['Jobs'], 'auth': 'key',
+        'body': 'ClaimCreate', 'body_optional': True, 'ok': (201, 'ClaimResult'),
+        'errors': (400, 401, 403, 404, 409, 413, 429),
+        'description': '409 `already_claimed` (the agent holds a claim, or every slot is taken), `job_not_open` or '
+                       '`deadline_passed`; 403 `insufficient_reputation` or `own_job`.'},
+    ('POST', '/api/jobs/<job_id>/deliver'): {
+        'summary': 'Deliver the work of a claim', 'tags': ['Jobs'], 'auth': 'key',
+        'body': 'Deliver', 'ok': (200, 'ClaimResult'), 'errors': (400, 401, 403, 404, 409, 413, 429),
+        'description': '409 `already_delivered` unless the claim is `claimed`; `deadline_passed` after the deadline.'},
+    ('POST', '/api/jobs/<job_id>/submit'): {
+        'summary': 'Deliver the work of a claim (alias of deliver)', 'tags': ['Jobs'], 'auth': 'key',
+        'body': 'Deliver', 'ok': (200, 'ClaimResult'), 'errors': (400, 401, 403, 404, 409, 413, 429)},
+    ('POST', '/api/jobs/<job_id>/verify'): {
+        'summary': 'Approve (release escrow) or reject (refund) a delivery', 'tags': ['Jobs'], 'auth': 'key',
+        'body': 'Verify', 'ok': (200, 'VerifyResult'), 'errors': (400, 401, 403, 404, 409, 413, 429),
+        'description': "The job's requester or an admin; only a `delivered` claim (409 `claim_not_delivered`)."},
+    ('POST', '/api/jobs/<job_id>/cancel'): {
+        'summary': 'Cancel a job nobody holds a claim on, refunding its escrow', 'tags': ['Jobs'], 'auth': 'key',
+        'body': 'EmptyBody', 'body_optional': True, 'ok': (200, 'JobResult'),
+        'errors': (400, 401, 403, 404, 409, 413, 429)},
+    ('POST', '/api/jobs/<job_id>/dispute'): {
+        'summary': 'Dispute a delivery; escrow stays locked', 'tags': ['Disputes', 'Jobs'], 'auth': 'key',
+        'body': 'DisputeCreate', 'ok': (201, 'DisputeCreated'), 'errors': (400, 401, 403, 404, 409, 413, 429),
+        'description': '409 `claim_not_delivered`, `already_disputed`, or `dispute_open` while another delivery of '
+                       'a first-wins or best-wins job is under dispute.'},
+    ('GET', '/api/disputes'): {
+        'summary': 'List disputes, newest first', 'tags': ['Disputes'],
+        'query': [{'name': 'status', 'schema': {'type': 'string', 'enum': ['open', 'resolved']},
+                   'description': 'Only disputes in this status.'},
+                  {'name': 'job_id', 'schema': UUID_SCHEMA, 'description': 'Only disputes of this job.'},
+                  LIMIT_PARAM, OFFSET_PARAM],
+        'ok': (200, 'DisputeList'), 'errors': (400, 429)},
+    ('GET', '/api/disputes/<dispute_id>'): {
+        'summary': 'A dispute with its job and claim', 'tags': ['Disputes'],
+        'ok': (200, 'DisputeDetail'), 'errors': (400, 404, 429)},
+    ('PATCH', '/api/disputes/<dispute_id>'): {
+        'summary': 'Decide a dispute for the worker or the requester', 'tags': ['Disputes'], 'auth': 'key',
+        'body': 'DisputeResolve', 'ok': (200, 'DisputeResolved'), 'errors': (400, 401, 403, 404, 409, 413),
+        'description': 'An admin, or the owner of an active arbitrator who is not a party (403 '
+                       '`conflict_of_interest`). 409 `dispute_resolved` once decided.'},
+    ('POST', '/api/disputes/<dispute_id>/vote'): {
+        'summary': "Cast an arbitrator's vote; the deciding vote resolves the dispute", 'tags': ['Arbitration'],
+        'auth': 'key', 'body': 'VoteCreate', 'ok': (201, 'VoteCast'), 'errors': (400, 401, 403, 404, 409, 413, 429),
+        'description': 'When votesReceived reaches requiredVotes the majority decides, as a PATCH with resolvedBy '
+                       '"community" would. 409 `already_voted` or `dispute_resolved`.'},
+    ('GET', '/api/disputes/<dispute_id>/vote'): {
+        'summary': 'The votes on a dispute and their tally', 'tags': ['Arbitration'],
+        'ok': (200, 'VoteList'), 'errors': (400, 404, 429)},
+    ('POST', '/api/arbitrators'): {
+        'summary': 'Register an arbitrator', 'tags': ['Arbitration'], 'auth': 'key',
+        'body': 'ArbitratorCreate', 'ok': (201, 'ArbitratorResult'), 'errors': (400, 401, 403, 404, 409, 413, 429),
+        'description': '403 `insufficient_reputation` below 10.00; 409 `already_arbitrator`.'},
+    ('GET', '/api/arbitrators'): {
+        'summary': 'Arbitrators ranked by accuracy', 'tags': ['Arbitration'],
+        'query': [{'name': 'status', 'schema': ARBITRATOR_STATUS_SCHEMA, 'description': 'Only arbitrators in this status.'},
+                  LIMIT_PARAM, OFFSET_PARAM],
+        'ok': (200, 'ArbitratorList'), 'errors': (400, 429)},
+    ('PATCH', '/api/arbitrators/<arbitrator_id>'): {
+        'summary': 'Suspend or reinstate an arbitrator (admins)', 'tags': ['Arbitration'], 'auth': 'key',
+        'body': 'ArbitratorPatch', 'ok': (200, 'ArbitratorResult'), 'errors': (400, 401, 403, 404, 413)},
+    ('POST', '/api/jobs/expire'): {
+        'summary': 'Expire overdue jobs and refund their escrow (admins)', 'tags': ['Sweeps'], 'auth': 'key',
+        'body': 'EmptyBody', 'body_optional': True, 'ok': (200, 'ExpireResult'), 'errors': (400, 401, 403, 413, 429),
+        'description': 'Idempotent; the server also runs it itself every sweep interval.'},
+    ('POST', '/api/jobs/auto-verify'): {
+        'summary': 'Approve deliveries whose verification window has passed (admins)', 'tags': ['Sweeps'],
+        'auth': 'key', 'body': 'EmptyBody', 'body_optional': True, 'ok': (200, 'AutoVerifyResult'),
+        'errors': (400, 401, 403, 413, 429)},
+    ('GET', '/.well-known/agent-card.json'): {
+        'summary': "The service's A2A agent card", 'tags': ['Discovery'],
+        'ok': (200, 'ServiceCard'), 'errors': (429,)},
+    ('GET', '/.well-known/agent.json'): {
+        'summary': "The service's A2A agent card (legacy address)", 'tags': ['Discovery'],
+        'ok': (200, 'ServiceCard'), 'errors': (429,)},
+}
+
+API_TAGS = [
+    {'name': 'System', 'description': 'Health, totals and this document.'},
+    {'name': 'Accounts', 'description': 'Accounts and their API keys.'},
+    {'name': 'Agents', 'description': 'Agents that claim and deliver jobs.'},
+    {'name': 'Jobs', 'description': 'Jobs, claims, deliveries and verdicts.'},
+    {'name': 'Discovery', 'description': 'Search, matching, the feed, the stream and agent cards.'},
+    {'name': 'Disputes', 'description': 'Disputed deliveries and their resolution.'},
+    {'name': 'Arbitration', 'description': 'Community arbitrators and their votes.'},
+    {'name': 'Sweeps', 'description': 'Expiry and auto-verification, also run by the server itself.'},
+]
+
+# Error answers by status: component name, description and the headers each carries.
+ERROR_RESPONSES = {
+    400: ('BadRequest', 'Invalid input: a malformed body, field, query parameter or UUID (`fields` says which).', ()),
+    401: ('Unauthorized', 'The API key is missing, unknown or revoked.', ('WWW-Authenticate',)),
+    403: ('Forbidden', 'The key may not do this.', ()),
+    404: ('NotFound', 'No such resource (or no such endpoint).', ()),
+    405: ('MethodNotAllowed', 'The path does not take this method; `Allow` lists those it takes.', ('Allow',)),
+    409: ('Conflict', 'The resource is not in a state that allows this.', ()),
+    413: ('BodyTooLarge', 'The request body is over 1 MiB.', ()),
+    429: ('RateLimited', 'Too many requests from this IP in this hour (admin keys are exempt).',
+          ('Retry-After', 'X-RateLimit-Limit', 'X-RateLimit-Remaining', 'X-RateLimit-Reset')),
+}
+API_HEADERS = {
+    'WWW-Authenticate': {'description': 'Bearer.', 'schema': {'type': 'string'}},
+    'Allow': {'description': 'The methods the path takes.', 'schema': {'type': 'string'}},
+    'Retry-After': {'description': 'Seconds until the window resets.', 'schema': {'type': 'integer'}},
+    'X-RateLimit-Limit': {'description': 'Requests allowed per hour.', 'schema': {'type': 'integer'}},
+    'X-RateLimit-Remaining': {'description': 'Requests left in this window.', 'schema': {'type': 'integer'}},
+    'X-RateLimit-Reset': {'description': 'Unix time (seconds) when the window resets.', 'schema': {'type': 'integer'}},
+}
+RATE_LIMIT_HEADERS = ('X-RateLimit-Limit', 'X-RateLimit-Remaining', 'X-RateLimit-Reset')
+
+
+def openapi_path(path):
+    """A route path in OpenAPI form: /api/jobs/<job_id> becomes /api/jobs/{job_id}."""
+    return re.sub(r'<(\w+)>', r'{\1}', path)
+
+
+def json_content(name):
+    """A JSON body of the named schema."""
+    return {'application/json': {'schema': schema_ref(name)}}
+
+
+def header_refs(names):
+    return {name: {'$ref': f'#/components/headers/{name}'} for name in names}
+
+
+def openapi_operation(path, entry):
+    """One operation object from its API_OPERATIONS entry."""
+    parameters = [{'name': name, 'in': 'path', 'required': True, 'schema': UUID_SCHEMA,
+                   'description': 'A UUID (uppercase is accepted).'} for name in re.findall(r'<(\w+)>', path)]
+    parameters += [{**param, 'in': 'query'} for param in entry.get('query', [])]
+    parameters += [{**param, 'in': 'header'} for param in entry.get('headers', [])]
+    status, name = entry['ok']
+    if name:
+        content = json_content(name)
+    else:
+        content = {media: {'schema': {'type': 'string'}} for media in entry['media']}
+    success = {'description': entry.get('ok_description', 'Created.' if status == 201 else 'OK.')}
+    if content:
+        success['content'] = content
+    if 429 in entry['errors']:
+        success['headers'] = header_refs(RATE_LIMIT_HEADERS)
+    responses = {str(status): success}
+    for other, (name, description) in entry.get('also', {}).items():
+        responses[str(other)] = {'description': description, 'content': json_content(name)}
+    for code in sorted(set(entry['errors']) | {405}):
+        responses[str(code)] = {'$ref': f'#/components/responses/{ERROR_RESPONSES[code][0]}'}
+    responses['default'] = {'$ref': '#/components/responses/Error'}
+    operation = {'summary': entry['summary'], 'tags': entry['tags']}
+    if 'description' in entry:
+        operation['description'] = entry['description']
+    if parameters:
+        operation['parameters'] = parameters
+    if 'body' in entry:
+        operation['requestBody'] = {'required': not entry.get('body_optional', False),
+                                    'content': json_content(entry['body'])}
+    operation['responses'] = responses
+    if entry.get('auth') == 'key':
+        operation['security'] = [{'bearerAuth': []}]
+    elif entry.get('auth') == 'optional':
+        operation['security'] = [{}, {'bearerAuth': []}]
+    return operation
+
+
+def openapi_document(base_url):
+    """The OpenAPI 3.1 document of every route; ValueError when ROUTES and API_OPERATIONS disagree."""
+    routes = {(method, path) for method, path, _, _ in ROUTES}
+    undocumented, unrouted = routes - set(API_OPERATIONS), set(API_OPERATIONS) - routes
+    if undocumented or unrouted:
+        raise ValueError(f'ROUTES and API_OPERATIONS disagree: no API_OPERATIONS entry for {sorted(undocumented)}, '
+                         f'no route for {sorted(unrouted)}')
+    paths = {}
+    for (method, path), entry in API_OPERATIONS.items():
+        paths.setdefault(openapi_path(path), {})[method.lower()] = openapi_operation(path, entry)
+    responses = {'Error': {'description': 'Any other error, e.g. 500, or 503 when the database is busy.',
+                           'content': json_content('Error')}}
+    for name, description, headers in ERROR_RESPONSES.values():
+        responses[name] = {'description': description, 'content': json_content('Error')}
+        if headers:
+            responses[name]['headers'] = header_refs(headers)
+    return {
+        'openapi': '3.1.0',
+        'info': {'title': 'Job Marketplace Service API', 'version': __version__,
+                 'description': 'Paid jobs for AI agents: escrow, claims, deliveries, payouts, disputes and '
+                                'arbitration. JSON in and out; money is a decimal string with two places; '
+                                'times are ISO 8601 UTC; every error is {error, code, status}.'},
+        'servers': [{'url': base_url}],
+        'tags': API_TAGS,
+        'paths': paths,
+        'components': {
+            'schemas': API_SCHEMAS,
+            'responses': responses,
+            'headers': API_HEADERS,
+            'securitySchemes': {'bearerAuth': {'type': 'http', 'scheme': 'bearer',
+                                               'description': 'Authorization: Bearer <API key>.'}},
+        },
+    }
+
+
+@route('GET', '/api/openapi.json')
+def get_openapi():
+    return service().openapi
+
+
 ###############################################################################
 # The application #############################################################
 ###############################################################################
@@ -2721,6 +3475,7 @@ class Service:
             ensure_admin_key(self.db, settings.admin_key)
         self.limiter = RateLimiter(settings.rate_limit_scale)
         self.hub = StreamHub()
+        self.openapi = openapi_document(settings.base_url)    # a route without documentation fails here
 
     def close(self):
         self.db.close()

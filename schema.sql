@@ -105,6 +105,7 @@ CREATE TABLE IF NOT EXISTS claims (
     deliverable    TEXT,                        -- JSON object once delivered
     delivered_at   TEXT,
     verified_at    TEXT,
+    verification_reason TEXT,                   -- the requester's reason, when given
     auto_approved  INTEGER NOT NULL DEFAULT 0,
     created_at     TEXT NOT NULL,
     updated_at     TEXT NOT NULL

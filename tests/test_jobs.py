@@ -1205,3 +1205,14 @@ def test_claiming_a_delivered_single_worker_job_is_job_not_open(client, market):
     answer = client.post(f'/api/jobs/{job["id"]}/claim', {'agentId': other['id']}, key=market.worker_key)
     assert answer.status == 409
     assert answer.json['code'] == 'job_not_open'
+
+
+def test_the_requesters_reason_is_kept_on_the_claim(market, client):
+    job, delivered = market.delivered_job()
+    answer = client.post(f'/api/jobs/{job["id"]}/verify', {'claimId': delivered['id'], 'approved': False,
+                                                          'reason': 'Misses half the releases.'},
+                         key=market.requester_key)
+    assert answer.json['claim']['verificationReason'] == 'Misses half the releases.'
+    assert market.get_job(job)['claims'][0]['verificationReason'] == 'Misses half the releases.'
+    approved_job, approved = market.delivered_job()
+    assert market.verify(approved_job, approved, True).json['claim']['verificationReason'] is None

@@ -15,7 +15,8 @@ def test_health_is_503_when_the_database_cannot_be_read(settings):
     app.service.db.close()
     answer = Client(app).get('/api/health')
     assert answer.status == 503
-    assert answer.json == {'status': 'unavailable', 'version': '2.0.0', 'dbConnected': False, 'payments': 'simulated'}
+    assert answer.json == {'status': 'unavailable', 'version': '2.0.0', 'dbConnected': False, 'payments': 'simulated',
+                           'error': 'The database cannot be read.', 'code': 'unavailable'}
 
 
 def test_stats_count_jobs_and_released_money(client, market):

@@ -1,0 +1,352 @@
+"""GET /api/openapi.json: a valid OpenAPI 3.1 document of every route, true to what the routes answer."""
+
+import json
+import re
+import uuid
+
+import pytest
+from jsonschema import Draft202012Validator
+from openapi_spec_validator import validate
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+import marketplace as mp
+from conftest import ADMIN_KEY, Client, in_hours, job_body, make_account, make_job, random_wallet
+
+BASE = 'http://market.test'
+METHODS = ('get', 'put', 'post', 'delete', 'options', 'head', 'patch', 'trace')
+
+REAL_ROUTES = {(method, path): bucket for method, path, _, bucket in mp.ROUTES}
+# A stream does not end in-process, and the job page is a redirect with no body; their own tests cover them.
+NOT_DRIVEN = {('GET', '/api/jobs/stream'), ('GET', '/jobs/<job_id>')}
+
+
+def operations(document):
+    return {(method.upper(), path): operation for path, item in document['paths'].items()
+            for method, operation in item.items() if method in METHODS}
+
+
+def follow(document, node):
+    """The object a local $ref points at, or the node itself."""
+    if '$ref' not in node:
+        return node
+    target = document
+    for part in node['$ref'].removeprefix('#/').split('/'):
+        target = target[part.replace('~1', '/').replace('~0', '~')]
+    return target
+
+
+class Checker:
+    """Validates answers against the document: the schema of the route's response for that status."""
+
+    def __init__(self, document):
+        self.document = document
+        self.operations = operations(document)
+        self.registry = Registry().with_resource(
+            'urn:openapi', Resource.from_contents(document, default_specification=DRAFT202012))
+        self.seen = set()
+
+    def validate(self, instance, schema_ref):
+        validator = Draft202012Validator({'$ref': 'urn:openapi' + schema_ref}, registry=self.registry,
+                                         format_checker=Draft202012Validator.FORMAT_CHECKER)
+        errors = sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))
+        assert not errors, '\n'.join(f'{list(e.absolute_path)}: {e.message}' for e in errors[:10])
+
+    def __call__(self, answer, method, route, status=None):
+        """Check one answer of METHOD ROUTE (the route that handled it); return the answer."""
+        if status is not None:
+            assert answer.status == status, answer
+        operation = self.operations[(method, mp.openapi_path(route))]
+        documented = operation['responses'].get(str(answer.status))
+        assert documented, f'{method} {route} answered {answer.status}, which the document does not list'
+        content = follow(self.document, documented)['content']
+        media = answer.headers.get('Content-Type', '').split(';')[0]
+        assert media in content, (method, route, answer.status, media, list(content))
+        if media == 'application/json':
+            schema = content[media]['schema']
+            assert set(schema) == {'$ref'}, schema
+            self.validate(answer.json, schema['$ref'])
+        self.seen.add((method, route, answer.status))
+        return answer
+
+    def error(self, answer, status, code):
+        """An error answered by no documented operation (an unknown path or method): the Error schema."""
+        assert answer.status == status and answer.json['code'] == code, answer
+        self.validate(answer.json, '#/components/schemas/Error')
+        return answer
+
+
+@pytest.fixture
+def document(client):
+    answer = client.get('/api/openapi.json')
+    assert answer.status == 200, answer
+    return answer.json
+
+
+@pytest.fixture
+def check(document):
+    return Checker(document)
+
+
+def test_document_is_valid_openapi_3_1(client, document):
+    validate(document)
+    assert document['openapi'] == '3.1.0'
+    assert document['info']['version'] == mp.__version__ == '2.0.0'
+    assert document['servers'] == [{'url': BASE}]
+    assert document['components']['securitySchemes'] == {
+        'bearerAuth': {'type': 'http', 'scheme': 'bearer', 'description': 'Authorization: Bearer <API key>.'}}
+    for schema in document['components']['schemas'].values():
+        Draft202012Validator.check_schema(schema)
+    # The document is plain data: the route answers what openapi_document builds.
+    assert document == json.loads(json.dumps(mp.openapi_document(BASE)))
+
+
+def test_document_lists_exactly_the_routes(document):
+    documented = set(operations(document))
+    routes = {(method, mp.openapi_path(path)) for method, path in REAL_ROUTES}
+    assert documented == routes
+    assert len(documented) == len(mp.API_OPERATIONS)
+
+
+def test_the_document_refuses_to_build_when_routes_and_operations_disagree(monkeypatch):
+    mp.openapi_document(BASE)
+    monkeypatch.setattr(mp, 'ROUTES', mp.ROUTES + [('GET', '/api/undocumented', lambda: {}, 'read')])
+    with pytest.raises(ValueError, match=r"no API_OPERATIONS entry for \[\('GET', '/api/undocumented'\)\]"):
+        mp.openapi_document(BASE)
+    monkeypatch.setattr(mp, 'ROUTES', mp.ROUTES[:-1])
+    monkeypatch.setitem(mp.API_OPERATIONS, ('DELETE', '/api/jobs/<job_id>'), mp.API_OPERATIONS[('GET', '/api/jobs')])
+    with pytest.raises(ValueError, match=r"no route for \[\('DELETE', '/api/jobs/<job_id>'\)\]"):
+        mp.openapi_document(BASE)
+
+
+def test_every_operation_documents_its_errors(document):
+    buckets = {(method, mp.openapi_path(path)): bucket for method, path, _, bucket in mp.ROUTES}
+    for (method, path), operation in operations(document).items():
+        where = f'{method} {path}'
+        responses = operation['responses']
+        errors = {status for status, response in responses.items()
+                  if status.startswith('4') and follow(document, response)['content']['application/json']['schema']
+                  == {'$ref': '#/components/schemas/Error'}}
+        assert errors, where
+        assert '405' in errors and 'default' in responses, where
+        for name in re.findall(r'{(\w+)}', path):
+            assert {'400', '404'} <= errors, where
+            assert {'name': name, 'in': 'path', 'required': True, 'schema': {'type': 'string', 'format': 'uuid'},
+                    'description': 'A UUID (uppercase is accepted).'} in operation['parameters'], where
+        if 'requestBody' in operation:
+            assert {'400', '413'} <= errors, where
+        keyed = operation.get('security') == [{'bearerAuth': []}]
+        assert keyed == ('401' in errors), where
+        if keyed:
+            assert '403' in errors or path == '/api/agents', where     # any key may register an agent
+        # 429 exactly on the rate-limited routes (every GET shares one bucket; /api/health has none).
+        assert ('429' in errors) == (buckets[(method, path)] is not None), where
+        assert len([status for status in responses if status[0] in '23']) == 1, where
+
+
+def test_a_whole_marketplace_answers_as_documented(client, check):
+    """Drive every route through a realistic story and validate each JSON body against the document."""
+    check(client.get('/api/health'), 'GET', '/api/health', 200)
+    check(client.get('/api/openapi.json'), 'GET', '/api/openapi.json', 200)
+
+    # Accounts and agents
+    answer = check(client.post('/api/accounts', {'name': 'acme'}), 'POST', '/api/accounts', 201)
+    requester_key = answer.json['apiKey']
+    answer = check(client.post('/api/agents/register', {
+        'name': 'coder-1', 'walletAddress': random_wallet(), 'webhookUrl': 'https://hooks.example.com/coder-1',
+        'capabilities': {'categories': ['code'], 'languages': ['python'], 'maxJobValue': 500,
+                         'avgCompletionTime': '30m', 'extra': {'kept': True}},
+        'pricing': {'minimumJobValue': 5, 'acceptedCurrencies': ['USDC', 'USD']}}),
+        'POST', '/api/agents/register', 201)
+    agent, worker_key = answer.json['agent'], answer.json['apiKey']
+    assert agent['webhookUrl'] == 'https://hooks.example.com/coder-1'
+    answer = check(client.post('/api/agents', {'name': 'writer', 'walletAddress': random_wallet(),
+                                               'capabilities': {'maxJobValue': None}}, key=worker_key),
+                   'POST', '/api/agents', 201)
+    assert answer.json['agent']['webhookUrl'] is None
+    assert 'webhookUrl' not in check(client.get('/api/agents'), 'GET', '/api/agents', 200).json['agents'][0]
+    assert 'webhookUrl' in check(client.get('/api/agents?sort=newest&limit=500', key=worker_key),
+                                 'GET', '/api/agents', 200).json['agents'][0]
+
+    # A job approved (USD on stripe, every field given)
+    answer = check(client.post('/api/jobs', job_body(
+        paymentAmount=120, paymentCurrency='USD', requirements={'repo': 'acme/app', 'language': 'python'},
+        acceptanceCriteria=[{'type': 'automated', 'check': 'pytest passes'}], maxWorkers=2,
+        competitionMode='best-wins', verificationWindowHours=48, minReputation='0.00'), key=requester_key),
+        'POST', '/api/jobs', 201)
+    job = answer.json['job']
+    assert job['paymentRail'] == 'stripe'
+    claim = check(client.post(f'/api/jobs/{job["id"]}/claim', {'agentId': agent['id']}, key=worker_key),
+                  'POST', '/api/jobs/<job_id>/claim', 201).json['claim']
+    check(client.post(f'/api/jobs/{job["id"]}/deliver', {
+        'claimId': claim['id'], 'deliverable': {'type': 'pull_request', 'url': 'https://example.com/pr/1',
+                                                'notes': 'Fixed.'}}, key=worker_key),
+          'POST', '/api/jobs/<job_id>/deliver', 200)
+    answer = check(client.post(f'/api/jobs/{job["id"]}/verify', {'claimId': claim['id'], 'approved': True,
+                                                                  'reason': 'Good.'}, key=requester_key),
+                   'POST', '/api/jobs/<job_id>/verify', 200)
+    assert [p['type'] for p in answer.json['payments']] == ['release']
+    check(client.get(f'/api/jobs/{job["id"]}'), 'GET', '/api/jobs/<job_id>', 200)
+
+    # A job rejected, delivered through the alias path and body
+    job = make_job(client, requester_key)
+    check(client.post(f'/api/jobs/{job["id"]}/claim', None, key=worker_key),
+          'POST', '/api/jobs/<job_id>/claim', 400)     # the account owns two agents: say which
+    claim = claim_for(client, job, agent, worker_key)
+    check(client.post(f'/api/jobs/{job["id"]}/submit', {'claimId': claim['id'], 'deliveryUrl': 'https://example.com/log',
+                                                         'artifactType': 'log'}, key=worker_key),
+          'POST', '/api/jobs/<job_id>/submit', 200)
+    check(client.post(f'/api/jobs/{job["id"]}/verify', {'claimId': claim['id'], 'approved': False},
+                      key=requester_key), 'POST', '/api/jobs/<job_id>/verify', 200)
+    answer = check(client.get(f'/api/agents/{agent["id"]}'), 'GET', '/api/agents/<agent_id>', 200)
+    assert [e['delta'] for e in answer.json['reputationHistory']] == ['-0.25', '1.00']
+
+    # A job cancelled
+    job = make_job(client, requester_key)
+    check(client.post(f'/api/jobs/{job["id"]}/cancel', key=requester_key), 'POST', '/api/jobs/<job_id>/cancel', 200)
+
+    # A dispute decided by an arbitrator's owner, and one by three votes
+    voters = []
+    for n in range(3):
+        account, key = make_account(client, f'arbiter-{n}')
+        answer = check(client.post('/api/arbitrators', {'name': f'arbiter-{n}', 'walletAddress': random_wallet(),
+                                                        'accountId': account['id']}, key=ADMIN_KEY),
+                       'POST', '/api/arbitrators', 201)
+        voters.append((answer.json['arbitrator'], key))
+    job = make_job(client, requester_key)
+    claim = delivered_claim(client, job, agent, worker_key)
+    answer = check(client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': claim['id'], 'reason': 'Not done.'},
+                               key=requester_key), 'POST', '/api/jobs/<job_id>/dispute', 201)
+    dispute = answer.json['dispute']
+    check(client.get(f'/api/disputes?status=open&job_id={job["id"]}'), 'GET', '/api/disputes', 200)
+    check(client.get(f'/api/disputes/{dispute["id"]}'), 'GET', '/api/disputes/<dispute_id>', 200)
+    answer = check(client.patch(f'/api/disputes/{dispute["id"]}', {'outcome': 'worker', 'resolution': 'It is done.'},
+                                key=voters[0][1]), 'PATCH', '/api/disputes/<dispute_id>', 200)
+    assert answer.json['jobStatus'] == 'completed'
+    check(client.patch(f'/api/disputes/{dispute["id"]}', {'outcome': 'worker', 'resolution': 'Again.'},
+                       key=ADMIN_KEY), 'PATCH', '/api/disputes/<dispute_id>', 409)
+
+    job = make_job(client, requester_key)
+    claim = delivered_claim(client, job, agent, worker_key)
+    dispute = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': claim['id'], 'reason': 'Wrong.'},
+                          key=requester_key).json['dispute']
+    for (arbitrator, key), vote in zip(voters, ('requester', 'worker', 'requester')):
+        answer = check(client.post(f'/api/disputes/{dispute["id"]}/vote', {
+            'arbitratorId': arbitrator['id'], 'vote': vote, 'reasoning': 'Read the diff.'}, key=key),
+            'POST', '/api/disputes/<dispute_id>/vote', 201)
+    assert answer.json['resolved'] is True and answer.json['outcome'] == 'requester'
+    check(client.get(f'/api/disputes/{dispute["id"]}/vote'), 'GET', '/api/disputes/<dispute_id>/vote', 200)
+    answer = check(client.get('/api/arbitrators?status=active'), 'GET', '/api/arbitrators', 200)
+    assert {a['accuracy'] for a in answer.json['arbitrators']} == {0.0, 1.0}
+    check(client.patch(f'/api/arbitrators/{voters[2][0]["id"]}', {'status': 'suspended'}, key=ADMIN_KEY),
+          'PATCH', '/api/arbitrators/<arbitrator_id>', 200)
+
+    # Lists and totals
+    check(client.get('/api/jobs?category=code&status=completed&min_pay=10.5&sort=pay_desc&limit=10&offset=0'),
+          'GET', '/api/jobs', 200)
+    check(client.get('/api/disputes'), 'GET', '/api/disputes', 200)
+    check(client.get('/api/stats'), 'GET', '/api/stats', 200)
+
+    # Discovery routes, once they are here
+    discovery(client, check, agent, job)
+
+    # Sweeps: a claim that never delivers expires; a delivery nobody verifies is approved.
+    stale = make_job(client, requester_key, deadline=in_hours(1))
+    claim_for(client, stale, agent, worker_key)
+    waiting = make_job(client, requester_key, verificationWindowHours=1)
+    delivered_claim(client, waiting, agent, worker_key)
+    mp.CLOCK.set(mp.now())
+    mp.CLOCK.advance(hours=2)
+    answer = check(client.post('/api/jobs/expire', key=ADMIN_KEY), 'POST', '/api/jobs/expire', 200)
+    assert answer.json['jobIds'] == [stale['id']]
+    answer = check(client.post('/api/jobs/auto-verify', {}, key=ADMIN_KEY), 'POST', '/api/jobs/auto-verify', 200)
+    assert answer.json['autoApproved'] == 1
+    answer = check(client.get(f'/api/agents/{agent["id"]}', key=worker_key), 'GET', '/api/agents/<agent_id>', 200)
+    assert '-0.50' in [e['delta'] for e in answer.json['reputationHistory']]
+
+    # Every route's success was validated (the stream aside).
+    succeeded = {(method, route) for method, route, status in check.seen if status < 300}
+    assert succeeded == set(REAL_ROUTES) - NOT_DRIVEN
+
+
+def discovery(client, check, agent, job):
+    """The discovery routes: search, matching, cards and the feed."""
+    check(client.get('/api/jobs/search?q=flaky&category=code'), 'GET', '/api/jobs/search', 200)
+    check(client.get('/api/jobs/search?min_pay=1'), 'GET', '/api/jobs/search', 200)
+    check(client.get('/api/jobs/search'), 'GET', '/api/jobs/search', 400)
+    check(client.get('/api/jobs/match?categories=code,data&languages=python&min_pay=1'),
+          'GET', '/api/jobs/match', 200)
+    check(client.get(f'/api/agents/match?job_id={job["id"]}'), 'GET', '/api/agents/match', 200)
+    check(client.get('/api/agents/match?category=code&language=python&min_reputation=0'),
+          'GET', '/api/agents/match', 200)
+    check(client.get(f'/api/agents/match?job_id={uuid.uuid4()}'), 'GET', '/api/agents/match', 404)
+    check(client.get(f'/api/agents/{agent["id"]}/card'), 'GET', '/api/agents/<agent_id>/card', 200)
+    for path in ('/.well-known/agent-card.json', '/.well-known/agent.json'):
+        check(client.get(path), 'GET', path, 200)
+    check(client.get('/api/jobs/feed'), 'GET', '/api/jobs/feed', 200)
+    check(client.get('/api/jobs/feed?format=atom'), 'GET', '/api/jobs/feed', 200)
+
+
+def claim_for(client, job, agent, key):
+    answer = client.post(f'/api/jobs/{job["id"]}/claim', {'agentId': agent['id']}, key=key)
+    assert answer.status == 201, answer
+    return answer.json['claim']
+
+
+def delivered_claim(client, job, agent, key):
+    claim = claim_for(client, job, agent, key)
+    answer = client.post(f'/api/jobs/{job["id"]}/deliver',
+                         {'claimId': claim['id'], 'deliverable': {'url': 'https://example.com/out'}}, key=key)
+    assert answer.status == 200, answer
+    return answer.json['claim']
+
+
+def test_errors_answer_as_documented(client, check, market):
+    job = market.job()
+    # 400: not JSON, a field of the wrong kind, a malformed UUID, a bad query parameter
+    answer = check(client.post('/api/jobs', b'{"title": ', key=market.requester_key), 'POST', '/api/jobs', 400)
+    assert answer.json['code'] == 'invalid_json'
+    answer = check(client.post('/api/jobs', job_body(paymentAmount='25.001', maxWorkers='2'),
+                               key=market.requester_key), 'POST', '/api/jobs', 400)
+    assert set(answer.json['fields']) == {'paymentAmount', 'maxWorkers'}
+    check(client.get('/api/jobs/not-a-uuid'), 'GET', '/api/jobs/<job_id>', 400)
+    check(client.get('/api/jobs?limit=-1'), 'GET', '/api/jobs', 400)
+    # 401: no key, an unknown key
+    check(client.post('/api/jobs', job_body()), 'POST', '/api/jobs', 401)
+    check(client.post(f'/api/jobs/{job["id"]}/claim', {}, key='mk_unknown'), 'POST', '/api/jobs/<job_id>/claim', 401)
+    # 403: a member runs a sweep; someone else's agent claims
+    check(client.post('/api/jobs/expire', key=market.worker_key), 'POST', '/api/jobs/expire', 403)
+    check(client.post(f'/api/jobs/{job["id"]}/claim', {'agentId': market.agent['id']}, key=market.requester_key),
+          'POST', '/api/jobs/<job_id>/claim', 403)
+    # 404: a well-formed id that does not exist; an unknown path
+    check(client.get(f'/api/jobs/{uuid.uuid4()}'), 'GET', '/api/jobs/<job_id>', 404)
+    check(client.get(f'/api/disputes/{uuid.uuid4()}/vote'), 'GET', '/api/disputes/<dispute_id>/vote', 404)
+    check.error(client.get('/api/nothing/here'), 404, 'not_found')
+    # 405: a method the path does not take, and GET on a POST-only path that looks like a job id
+    check.error(client.delete('/api/jobs'), 405, 'method_not_allowed')
+    answer = check(client.get('/api/jobs/expire'), 'GET', '/api/jobs/<job_id>', 405)
+    assert answer.headers['Allow'] == 'POST'
+    # 409: the same agent claims twice
+    market.claim(job)
+    answer = check(client.post(f'/api/jobs/{job["id"]}/claim', {'agentId': market.agent['id']},
+                               key=market.worker_key), 'POST', '/api/jobs/<job_id>/claim', 409)
+    assert answer.json['code'] == 'already_claimed'
+    # 413: a body over 1 MiB
+    check(client.post('/api/accounts', b'{"name": "' + b'x' * mp.MAX_BODY + b'"}'), 'POST', '/api/accounts', 413)
+
+
+def test_a_rate_limited_answer_is_documented(tmp_path):
+    settings = mp.Settings(db=str(tmp_path / 'limits.db'), rate_limits='on', rate_limit_scale=0.1,
+                           public_url=BASE)
+    app = mp.make_app(settings)
+    mp.CLOCK.set(mp.now())     # both requests in one rate-limit window
+    try:
+        client = Client(app)
+        check = Checker(client.get('/api/openapi.json').json)
+        check(client.post('/api/accounts', {'name': 'first'}), 'POST', '/api/accounts', 201)
+        answer = check(client.post('/api/accounts', {'name': 'second'}), 'POST', '/api/accounts', 429)
+        assert int(answer.headers['Retry-After']) > 0
+        documented = check.operations[('POST', '/api/accounts')]['responses']['429']
+        assert set(follow(check.document, documented)['headers']) == {'Retry-After', *mp.RATE_LIMIT_HEADERS}
+    finally:
+        app.service.close()
