@@ -1878,7 +1878,8 @@ class StreamHub:
     and a post wakes only the streams whose filter the job passes.
     """
 
-    def __init__(self):
+    def __init__(self, base_url):
+        self.base_url = base_url
         self.streams = {}
         self.closed = False
 
@@ -1891,11 +1892,14 @@ class StreamHub:
         self.streams.pop(queue, None)
 
     def publish(self, job):
-        """Offer a committed job to every stream that wants it (a stream 1,000 jobs behind misses it)."""
+        """Offer a committed job to every stream that wants it (a stream 1,000 jobs behind misses it).
+        The event is rendered once, whatever the number of streams."""
+        event = None
         for queue, stream_filter in list(self.streams.items()):
             if stream_filter.wants(job):
+                event = event or (job['id'], sse('job.new', job_summary(job, self.base_url), job['id']))
                 try:
-                    queue.put_nowait(job)
+                    queue.put_nowait(event)
                 except gevent.queue.Full:
                     pass
 
@@ -1941,15 +1945,16 @@ def job_stream(svc, stream_filter, after_seq=None, since=None):
             if left <= 0:
                 break
             try:
-                job = queue.get(timeout=min(settings.stream_heartbeat, left))
+                item = queue.get(timeout=min(settings.stream_heartbeat, left))
             except gevent.queue.Empty:
                 if ends - time.monotonic() > 0:
                     yield sse('heartbeat', {'time': now_iso()})
                 continue
-            if job is _CLOSE:
+            if item is _CLOSE:
                 break
-            if job['id'] not in sent:
-                yield sse('job.new', job_summary(job, settings.base_url), job['id'])
+            job_id, event = item
+            if job_id not in sent:
+                yield event
         reason = 'the server is stopping' if hub.closed else 'the maximum duration was reached'
         yield sse('timeout', {'reason': reason, 'reconnect': True})
     finally:
@@ -2543,6 +2548,7 @@ def stream_jobs():
     response.content_type = 'text/event-stream; charset=utf-8'
     response.set_header('Cache-Control', 'no-cache')
     response.set_header('X-Accel-Buffering', 'no')      # tell a proxy in front not to buffer the stream
+    response.set_header('Connection', 'close')          # the stream's end (timeout) ends the connection
     return job_stream(svc, stream_filter, after_seq, since)
 
 
@@ -3474,7 +3480,7 @@ class Service:
         if settings.admin_key:
             ensure_admin_key(self.db, settings.admin_key)
         self.limiter = RateLimiter(settings.rate_limit_scale)
-        self.hub = StreamHub()
+        self.hub = StreamHub(settings.base_url)
         self.openapi = openapi_document(settings.base_url)    # a route without documentation fails here
 
     def close(self):
@@ -3688,7 +3694,8 @@ def make_server(app, settings):
                     pass
             super().stop(timeout=timeout)
 
-    return Server((settings.host, settings.port), app, spawn=Pool(),
+    # A backlog of 1024: after a restart every stream reconnects at once.
+    return Server((settings.host, settings.port), app, spawn=Pool(), backlog=1024,
                   log=logging.getLogger('marketplace.access'),
                   error_log=logging.getLogger('marketplace.server'))
 
