@@ -56,6 +56,22 @@ class Client:
         return self.request('DELETE', path, **kwargs)
 
 
+def assert_error(answer, status, code, fields=None):
+    """The answer is the JSON error of the contract: {error, code, status[, fields]}; return the body."""
+    assert answer.status == status, answer
+    body = answer.json
+    assert isinstance(body, dict), answer
+    assert body['status'] == status, body
+    assert body['code'] == code, body
+    assert isinstance(body['error'], str) and body['error'].strip(), body
+    if fields is not None:
+        assert isinstance(body.get('fields'), dict), body
+        assert set(body['fields']) == set(fields), body
+        for problem in body['fields'].values():
+            assert isinstance(problem, str) and problem.strip(), body
+    return body
+
+
 def random_wallet():
     return '0x' + secrets.token_hex(20)
 

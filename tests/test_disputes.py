@@ -12,7 +12,7 @@ import re
 import pytest
 
 import marketplace as mp
-from conftest import ADMIN_KEY, Client, Market, get_agent, in_hours, make_account, make_agent, random_wallet
+from conftest import ADMIN_KEY, assert_error, Client, get_agent, in_hours, make_account, make_agent, Market, random_wallet
 
 ISO_MS_Z = re.compile(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$')
 DISPUTE_FIELDS = {'id', 'jobId', 'claimId', 'status', 'reason', 'outcome', 'resolution', 'resolvedBy',
@@ -25,18 +25,6 @@ USDC = 1_000_000   # base units in one USDC
 
 
 # Helpers ---------------------------------------------------------------------
-
-def assert_error(answer, status, code, fields=None):
-    """The contract's JSON error {error, code, status[, fields]}; return the body."""
-    assert answer.status == status, answer
-    body = answer.json
-    assert isinstance(body, dict), answer
-    assert (body['status'], body['code']) == (status, code), body
-    assert isinstance(body['error'], str) and body['error'].strip(), body
-    if fields is not None:
-        assert set(body['fields']) == set(fields), body
-    return body
-
 
 def open_dispute(client, job, claim, key, reason='The output does not build.'):
     answer = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': claim['id'], 'reason': reason}, key=key)

@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 
 import marketplace as mp
-from conftest import ADMIN_KEY, Client, Market, get_agent, in_hours, job_body, make_account, make_agent
+from conftest import ADMIN_KEY, assert_error, Client, get_agent, in_hours, job_body, make_account, make_agent, Market
 
 ISO_MS_Z = re.compile(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$')
 JOB_FIELDS = {'id', 'status', 'title', 'description', 'category', 'paymentAmount', 'paymentCurrency',
@@ -25,22 +25,6 @@ DELIVERABLE = {'type': 'url', 'url': 'https://example.com/out'}
 
 
 # Helpers ---------------------------------------------------------------------
-
-def assert_error(answer, status, code, fields=None):
-    """The answer is the JSON error of the contract: {error, code, status[, fields]}; return the body."""
-    assert answer.status == status, answer
-    body = answer.json
-    assert isinstance(body, dict), answer
-    assert body['status'] == status, body
-    assert body['code'] == code, body
-    assert isinstance(body['error'], str) and body['error'].strip(), body
-    if fields is not None:
-        assert isinstance(body.get('fields'), dict), body
-        assert set(body['fields']) == set(fields), body
-        for problem in body['fields'].values():
-            assert isinstance(problem, str) and problem.strip(), body
-    return body
-
 
 def header(answer, name):
     """A response header by its case-insensitive name ('' when absent)."""

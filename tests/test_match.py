@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 import marketplace as mp
-from conftest import ADMIN_KEY, in_hours, make_account, make_agent
+from conftest import ADMIN_KEY, assert_error, in_hours, make_account, make_agent
 
 JOB_FIELDS = {'id', 'status', 'title', 'description', 'category', 'paymentAmount', 'paymentCurrency',
               'paymentRail', 'requesterId', 'requirements', 'acceptanceCriteria', 'maxWorkers',
@@ -18,15 +18,6 @@ JOB_FIELDS = {'id', 'status', 'title', 'description', 'category', 'paymentAmount
               'escrowTxHash', 'claimCount', 'createdAt', 'updatedAt', 'url'}
 AGENT_FIELDS = {'id', 'accountId', 'name', 'description', 'walletAddress', 'capabilities', 'pricing',
                 'reputationScore', 'jobsCompleted', 'totalEarned', 'completionRate', 'createdAt', 'updatedAt'}
-
-
-def assert_error(answer, status, code):
-    assert answer.status == status, answer
-    body = answer.json
-    assert isinstance(body, dict), answer
-    assert body['status'] == status and body['code'] == code, body
-    assert isinstance(body['error'], str) and body['error'].strip(), body
-    return body
 
 
 def set_reputation(app, agent, hundredths):

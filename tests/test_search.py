@@ -9,7 +9,7 @@ import urllib.parse
 import pytest
 
 import marketplace as mp
-from conftest import in_hours
+from conftest import assert_error, in_hours
 
 JOB_FIELDS = {'id', 'status', 'title', 'description', 'category', 'paymentAmount', 'paymentCurrency',
               'paymentRail', 'requesterId', 'requirements', 'acceptanceCriteria', 'maxWorkers',
@@ -46,15 +46,6 @@ def assert_shape(body):
 
 def titles(body):
     return [job['title'] for job in body['results']]
-
-
-def assert_error(answer, status, code):
-    assert answer.status == status, answer
-    body = answer.json
-    assert isinstance(body, dict), answer
-    assert body['status'] == status and body['code'] == code, body
-    assert isinstance(body['error'], str) and body['error'].strip(), body
-    return body
 
 
 def insert_job_row(db, requester_id, title, description='Inserted straight into the table.'):
