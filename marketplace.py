@@ -1386,6 +1386,91 @@ def cancel_job(db, job_id, account):
     return get_job(db, job_id)
 
 
+def job_json(job, base_url):
+    return {
+        'id': job['id'],
+        'status': job['status'],
+        'title': job['title'],
+        'description': job['description'],
+        'category': job['category'],
+        'paymentAmount': format_cents(job['amount_cents']),
+        'paymentCurrency': job['currency'],
+        'paymentRail': job['rail'],
+        'requesterId': job['requester_id'],
+        'requirements': json.loads(job['requirements']),
+        'acceptanceCriteria': json.loads(job['acceptance_criteria']),
+        'maxWorkers': job['max_workers'],
+        'competitionMode': job['competition_mode'],
+        'deadline': job['deadline'],
+        'verificationWindowHours': job['verification_window_hours'],
+        'minReputation': format_cents(job['min_reputation']),
+        'escrowStatus': job['escrow_status'],
+        'escrowTxHash': job['escrow_tx_hash'],
+        'claimCount': job['claim_count'],
+        'createdAt': job['created_at'],
+        'updatedAt': job['updated_at'],
+        'url': f'{base_url}/jobs/{job["id"]}',
+    }
+
+
+def claim_json(claim):
+    return {
+        'id': claim['id'],
+        'jobId': claim['job_id'],
+        'agentId': claim['agent_id'],
+        'status': claim['status'],
+        'deliverable': json.loads(claim['deliverable']) if claim['deliverable'] else None,
+        'deliveredAt': claim['delivered_at'],
+        'verifiedAt': claim['verified_at'],
+        'verificationReason': claim['verification_reason'],
+        'autoApproved': bool(claim['auto_approved']),
+        'createdAt': claim['created_at'],
+        'updatedAt': claim['updated_at'],
+    }
+
+
+def payment_json(payment):
+    return {
+        'id': payment['id'],
+        'type': payment['type'],
+        'amount': format_units(payment['amount'], payment['currency']),
+        'currency': payment['currency'],
+        'rail': payment['rail'],
+        'status': payment['status'],
+        'recipient': payment['recipient'],
+        'txHash': payment['tx_hash'],
+        'createdAt': payment['created_at'],
+    }
+
+
+def read_deliverable(body):
+    """{claimId, deliverable: {type, url, notes?}}, or the alias {claimId, deliveryUrl, deliveryNotes,
+    artifactType}; return (claim id, deliverable)."""
+    form = Form(body)
+    claim_id = form.uuid('claimId', required=True)
+    if 'deliverable' in body or 'deliveryUrl' not in body:
+        raw = body.get('deliverable')
+        if not isinstance(raw, dict):
+            form.errors['deliverable'] = 'is required: an object {type, url}'
+            raw = {}
+        names = {'type': 'type', 'url': 'url', 'notes': 'notes'}
+        prefix = 'deliverable.'
+    else:
+        raw = body
+        names = {'type': 'artifactType', 'url': 'deliveryUrl', 'notes': 'deliveryNotes'}
+        prefix = ''
+    inner = Form({key: raw.get(name) for key, name in names.items()})
+    deliverable = {
+        'type': inner.text('type', default='url', max_len=50),
+        'url': inner.parsed('url', read_url, required=True),
+        'notes': inner.text('notes', max_len=5000, allow_empty=True),
+    }
+    for key, problem in inner.errors.items():
+        form.errors[prefix + names[key]] = problem
+    form.done()
+    return claim_id, {key: value for key, value in deliverable.items() if value is not None}
+
+
 ###############################################################################
 # Disputes and arbitration ####################################################
 ###############################################################################
@@ -1650,6 +1735,10 @@ def run_sweeps(db, settings):
     return {'expire': expire_overdue_jobs(db, settings), 'autoVerify': auto_verify_deliveries(db, settings)}
 
 
+###############################################################################
+# Search and matching #########################################################
+###############################################################################
+
 def list_jobs(db, *, match=None, category=None, status=None, min_pay=None, sort='newest', limit=50, offset=0):
     """A page of jobs and the total that match the filters; `match` is an FTS5 query (see fts_query)."""
     source, where, params = 'jobs j', [], {'limit': limit, 'offset': offset}
@@ -1753,91 +1842,6 @@ def agent_match_score(agent, *, category=None, languages=(), job=None):
         fits['currency'] = 1.0 if not accepted or job['currency'] in accepted else 0.0
     weight = sum(AGENT_MATCH_WEIGHTS[name] for name in fits)
     return round(sum(AGENT_MATCH_WEIGHTS[name] * fit for name, fit in fits.items()) / weight, 4)
-
-
-def job_json(job, base_url):
-    return {
-        'id': job['id'],
-        'status': job['status'],
-        'title': job['title'],
-        'description': job['description'],
-        'category': job['category'],
-        'paymentAmount': format_cents(job['amount_cents']),
-        'paymentCurrency': job['currency'],
-        'paymentRail': job['rail'],
-        'requesterId': job['requester_id'],
-        'requirements': json.loads(job['requirements']),
-        'acceptanceCriteria': json.loads(job['acceptance_criteria']),
-        'maxWorkers': job['max_workers'],
-        'competitionMode': job['competition_mode'],
-        'deadline': job['deadline'],
-        'verificationWindowHours': job['verification_window_hours'],
-        'minReputation': format_cents(job['min_reputation']),
-        'escrowStatus': job['escrow_status'],
-        'escrowTxHash': job['escrow_tx_hash'],
-        'claimCount': job['claim_count'],
-        'createdAt': job['created_at'],
-        'updatedAt': job['updated_at'],
-        'url': f'{base_url}/jobs/{job["id"]}',
-    }
-
-
-def claim_json(claim):
-    return {
-        'id': claim['id'],
-        'jobId': claim['job_id'],
-        'agentId': claim['agent_id'],
-        'status': claim['status'],
-        'deliverable': json.loads(claim['deliverable']) if claim['deliverable'] else None,
-        'deliveredAt': claim['delivered_at'],
-        'verifiedAt': claim['verified_at'],
-        'verificationReason': claim['verification_reason'],
-        'autoApproved': bool(claim['auto_approved']),
-        'createdAt': claim['created_at'],
-        'updatedAt': claim['updated_at'],
-    }
-
-
-def payment_json(payment):
-    return {
-        'id': payment['id'],
-        'type': payment['type'],
-        'amount': format_units(payment['amount'], payment['currency']),
-        'currency': payment['currency'],
-        'rail': payment['rail'],
-        'status': payment['status'],
-        'recipient': payment['recipient'],
-        'txHash': payment['tx_hash'],
-        'createdAt': payment['created_at'],
-    }
-
-
-def read_deliverable(body):
-    """{claimId, deliverable: {type, url, notes?}}, or the alias {claimId, deliveryUrl, deliveryNotes,
-    artifactType}; return (claim id, deliverable)."""
-    form = Form(body)
-    claim_id = form.uuid('claimId', required=True)
-    if 'deliverable' in body or 'deliveryUrl' not in body:
-        raw = body.get('deliverable')
-        if not isinstance(raw, dict):
-            form.errors['deliverable'] = 'is required: an object {type, url}'
-            raw = {}
-        names = {'type': 'type', 'url': 'url', 'notes': 'notes'}
-        prefix = 'deliverable.'
-    else:
-        raw = body
-        names = {'type': 'artifactType', 'url': 'deliveryUrl', 'notes': 'deliveryNotes'}
-        prefix = ''
-    inner = Form({key: raw.get(name) for key, name in names.items()})
-    deliverable = {
-        'type': inner.text('type', default='url', max_len=50),
-        'url': inner.parsed('url', read_url, required=True),
-        'notes': inner.text('notes', max_len=5000, allow_empty=True),
-    }
-    for key, problem in inner.errors.items():
-        form.errors[prefix + names[key]] = problem
-    form.done()
-    return claim_id, {key: value for key, value in deliverable.items() if value is not None}
 
 
 ###############################################################################
@@ -1962,7 +1966,7 @@ def job_stream(svc, stream_filter, after_seq=None, since=None):
 
 
 ###############################################################################
-# Routes ######################################################################
+# Routes: the service, accounts, agents, feed and cards #######################
 ###############################################################################
 
 ROUTES = []
@@ -2341,7 +2345,9 @@ def show_service_card():
     return card
 
 
-# Jobs ------------------------------------------------------------------------
+###############################################################################
+# Routes: jobs, search, matching and the stream ###############################
+###############################################################################
 
 @route('GET', '/api/jobs')
 def get_jobs():
@@ -2552,7 +2558,9 @@ def stream_jobs():
     return job_stream(svc, stream_filter, after_seq, since)
 
 
-# Disputes and arbitration ----------------------------------------------------
+###############################################################################
+# Routes: disputes, arbitration and sweeps ####################################
+###############################################################################
 
 def require_admin(account):
     if not is_admin(account):
@@ -2705,7 +2713,9 @@ def post_auto_verify():
     return run_sweep_for_admin(auto_verify_deliveries)
 
 
-# The OpenAPI document --------------------------------------------------------
+###############################################################################
+# The OpenAPI document ########################################################
+###############################################################################
 
 def schema_ref(name):
     return {'$ref': f'#/components/schemas/{name}'}
