@@ -23,10 +23,13 @@ if __name__ == '__main__':
 
 import argparse
 import base64
+import email.utils
 import functools
 import hashlib
 import hmac
+import html
 import io
+import ipaddress
 import json
 import logging
 import math
@@ -45,11 +48,14 @@ from datetime import datetime, timedelta, timezone
 from decimal import ROUND_DOWN, Decimal, InvalidOperation
 from email.utils import format_datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 from xml.etree.ElementTree import Element, SubElement, tostring
 
 import apsw
 import bottle
 import gevent.queue
+import requests
+import urllib3
 from bottle import request, response
 
 from verifier.addresses import address_problem
@@ -152,6 +158,11 @@ SETTINGS = [
             'seconds between heartbeat events on an idle /api/jobs/stream'),
     Setting('stream_max_seconds', 600.0, parse_positive(float),
             'seconds a /api/jobs/stream stays open before its timeout event'),
+    Setting('webhook_retry_base', 60.0, parse_positive(float),
+            'seconds before the first webhook retry; each next wait is 3 times longer (8 attempts, ~18 h)'),
+    Setting('webhook_timeout', 10.0, parse_positive(float), 'seconds one webhook attempt may take'),
+    Setting('allow_private_webhooks', False, parse_bool,
+            'allow webhook URLs on loopback and private networks (tests and local demos only)'),
 ]
 
 
@@ -785,6 +796,34 @@ def read_url(value):
     return value.strip()
 
 
+def is_public_address(address):
+    """Is an IP address one a webhook may reach (not loopback, private, link-local, multicast, reserved)?"""
+    ip = ipaddress.ip_address(address.split('%')[0])
+    if ip.version == 6 and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+def webhook_url_problem(url, allow_private):
+    """What makes a webhook URL unusable, or None: the scheme, or (unless allowed) an address that resolves
+    to a loopback, private, link-local or multicast network. Resolving the name is network I/O."""
+    parts = urlsplit(url)
+    if parts.scheme not in ('http', 'https') or not parts.hostname:
+        return 'must be an http or https URL'
+    if parts.username or parts.password:
+        return 'must not carry a user name or password'
+    if allow_private:
+        return None
+    try:
+        port = parts.port or (443 if parts.scheme == 'https' else 80)
+        addresses = {info[4][0] for info in socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)}
+    except (OSError, ValueError, UnicodeError):
+        return 'has a host name that does not resolve'
+    if not all(is_public_address(address) for address in addresses):
+        return 'resolves to a loopback, private, link-local or multicast address, which webhooks may not reach'
+    return None
+
+
 def read_address(value):
     problem = address_problem(value)
     if problem:
@@ -1022,18 +1061,34 @@ def new_webhook_secret():
     return 'whsec_' + base64.b64encode(secrets.token_bytes(32)).decode('ascii')
 
 
-def read_agent_body(body):
-    """Validated agent fields from a POST /api/agents body."""
+WEBHOOK_FORMATS = ('json', 'slack', 'discord', 'telegram')
+
+
+def read_agent_body(body, settings, partial=False):
+    """Validated agent fields from a POST /api/agents body (with `partial`, a PATCH: only those sent)."""
     form = Form(body)
     agent = {
-        'name': form.text('name', required=True, max_len=100),
+        'name': form.text('name', required=not partial, max_len=100),
         'description': form.text('description', default='', max_len=2000, allow_empty=True),
-        'wallet_address': form.parsed('walletAddress', read_address, required=True),
+        'wallet_address': form.parsed('walletAddress', read_address, required=not partial),
         'webhook_url': form.parsed('webhookUrl', read_url),
+        'webhook_format': form.choice('webhookFormat', WEBHOOK_FORMATS, default='json'),
         'capabilities': form.parsed('capabilities', read_capabilities, default={}),
         'pricing': form.parsed('pricing', read_pricing, default={}),
     }
+    for field in ('name', 'walletAddress'):
+        if partial and field in body and body[field] is None:
+            form.errors[field] = 'cannot be removed'
+    if agent['webhook_url'] and 'webhookUrl' not in form.errors:
+        problem = webhook_url_problem(agent['webhook_url'], settings.allow_private_webhooks)
+        if problem:
+            form.errors['webhookUrl'] = problem
     form.done()
+    if partial:
+        names = {'name': 'name', 'description': 'description', 'walletAddress': 'wallet_address',
+                 'webhookUrl': 'webhook_url', 'webhookFormat': 'webhook_format', 'capabilities': 'capabilities',
+                 'pricing': 'pricing'}
+        agent = {column: agent[column] for field, column in names.items() if field in body}
     return agent
 
 
@@ -1087,6 +1142,8 @@ def agent_json(agent, viewer=None):
     }
     if viewer and (viewer['id'] == agent['account_id'] or is_admin(viewer)):
         shown['webhookUrl'] = agent['webhook_url']
+        shown['webhookFormat'] = agent['webhook_format']
+        shown['webhookEnabled'] = agent['webhook_url'] is not None and agent['webhook_disabled_at'] is None
     return shown
 
 
@@ -1094,6 +1151,58 @@ def reputation_json(event):
     return {'delta': format_cents(event['delta']), 'reason': event['reason'], 'jobId': event['job_id'],
             'claimId': event['claim_id'], 'scoreAfter': format_cents(event['score_after']),
             'createdAt': event['created_at']}
+
+
+###############################################################################
+# Webhook events: the outbox ##################################################
+###############################################################################
+
+def webhook_agents(db, where, params):
+    """Agents with a live webhook (a URL, not disabled by a 410) among those `where` selects."""
+    return db.rows(f'''SELECT a.* FROM agents a WHERE a.webhook_url IS NOT NULL
+                       AND a.webhook_disabled_at IS NULL AND {where}''', params)
+
+
+def claim_holders(db, job_id):
+    """The ids of the agents holding claims on a job (with a live webhook)."""
+    return [agent['id'] for agent in webhook_agents(
+        db, 'a.id IN (SELECT agent_id FROM claims WHERE job_id = :job)', {'job': job_id})]
+
+
+def agents_wanting(db, job):
+    """The ids of the agents a new job suits (CONTRACT.md 11): its category among theirs (none listed: all),
+    its pay within their maxJobValue, its currency accepted; never the requester's own agents."""
+    wanted = []
+    for agent in webhook_agents(db, 'a.account_id != :requester', {'requester': job['requester_id']}):
+        capabilities, pricing = json.loads(agent['capabilities']), json.loads(agent['pricing'])
+        categories, ceiling = capabilities.get('categories'), capabilities.get('maxJobValue')
+        currencies = pricing.get('acceptedCurrencies')
+        if ((not categories or job['category'] in categories)
+                and (ceiling is None or job['amount_cents'] <= ceiling * 100)
+                and (not currencies or job['currency'] in currencies)):
+            wanted.append(agent['id'])
+    return wanted
+
+
+def queue_event(db, settings, event, job_id, recipients, *, agent_id=None, amount=None, tx_hash=None):
+    """Write the event for each recipient agent into the outbox, inside the caller's transaction.
+
+    The body is SPEC.md's: {type, timestamp, data: {jobId, title, category, amount, currency, agentId,
+    status (the job's, after the change), txHash, jobUrl}}; agentId is the agent the event is about,
+    or the recipient itself for job.new and job.expired.
+    """
+    job = db.row('SELECT * FROM jobs WHERE id = :id', {'id': job_id})
+    moment = now_iso()
+    for recipient in recipients:
+        body = {'type': event, 'timestamp': moment, 'data': {
+            'jobId': job['id'], 'title': job['title'], 'category': job['category'],
+            'amount': amount or format_cents(job['amount_cents']), 'currency': job['currency'],
+            'agentId': agent_id or recipient, 'status': job['status'], 'txHash': tx_hash,
+            'jobUrl': f'{settings.base_url}/jobs/{job["id"]}'}}
+        db.insert('webhook_deliveries', {
+            'id': new_id(), 'agent_id': recipient, 'event': event, 'payload': json.dumps(body),
+            'status': 'pending', 'attempts': 0, 'last_status_code': None, 'last_error': None,
+            'next_attempt_at': moment, 'created_at': moment, 'updated_at': moment, 'delivered_at': None})
 
 
 ###############################################################################
@@ -1144,7 +1253,7 @@ def read_job_body(body, account):
     return job
 
 
-def create_job(db, fields):
+def create_job(db, settings, fields):
     """Create an open job and lock its full price in escrow, in one transaction."""
     moment = now_iso()
     job = dict(fields, id=new_id(), status='open', escrow_status='locked', escrow_tx_hash=None,
@@ -1157,6 +1266,7 @@ def create_job(db, fields):
                                    fields={'requesterId': 'no account has this id'})
         db.insert('jobs', job)
         lock_escrow(db, job)
+        queue_event(db, settings, 'job.new', job['id'], agents_wanting(db, job))
     return get_job(db, job['id'])
 
 
@@ -1237,7 +1347,7 @@ def finish_job(db, job, unpaid_status):
     return refund
 
 
-def claim_job(db, job_id, agent_id, account):
+def claim_job(db, settings, job_id, agent_id, account):
     """Claim a job for an agent the caller owns; return the claim."""
     with db.transaction():
         job = get_job(db, job_id)
@@ -1268,10 +1378,11 @@ def claim_job(db, job_id, agent_id, account):
                  'created_at': moment, 'updated_at': moment}
         db.insert('claims', claim)
         set_job_status(db, job_id, live_job_status(db, job))
+        queue_event(db, settings, 'job.claimed', job_id, claim_holders(db, job_id), agent_id=agent_id)
     return claim
 
 
-def deliver_claim(db, job_id, claim_id, deliverable, account):
+def deliver_claim(db, settings, job_id, claim_id, deliverable, account):
     """Attach a deliverable to a claim the caller's agent holds; return (claim, job)."""
     with db.transaction():
         job = get_job(db, job_id)
@@ -1286,6 +1397,7 @@ def deliver_claim(db, job_id, claim_id, deliverable, account):
         set_claim_status(db, claim_id, 'delivered', deliverable=json.dumps(deliverable),
                          delivered_at=now_iso())
         set_job_status(db, job_id, live_job_status(db, job))
+        queue_event(db, settings, 'job.delivered', job_id, claim_holders(db, job_id), agent_id=claim['agent_id'])
     return get_claim(db, job_id, claim_id), get_job(db, job_id)
 
 
@@ -1314,7 +1426,7 @@ def approve_claim(db, settings, job, claim, *, auto=False, rule='approved', reas
     cents = job['amount_cents']
     if job['competition_mode'] == 'all-paid':
         cents //= job['max_workers']
-    release_to_worker(db, settings, job, claim, agent, cents_to_units(cents, job['currency']))
+    release = release_to_worker(db, settings, job, claim, agent, cents_to_units(cents, job['currency']))[0]
     set_claim_status(db, claim['id'], 'approved', verified_at=now_iso(), auto_approved=int(auto),
                      verification_reason=reason)
     adjust_reputation(db, agent['id'], *REPUTATION[rule], job['id'], claim['id'])
@@ -1324,6 +1436,11 @@ def approve_claim(db, settings, job, claim, *, auto=False, rule='approved', reas
         finish_job(db, job, 'completed')
     else:
         refresh_multi_worker_job(db, job, 'completed')
+    holders = claim_holders(db, job['id'])
+    queue_event(db, settings, 'payment.released', job['id'], holders, agent_id=agent['id'],
+                amount=format_units(release['amount'], job['currency']), tx_hash=release['tx_hash'])
+    if db.value('SELECT status FROM jobs WHERE id = :id', {'id': job['id']}) == 'completed':
+        queue_event(db, settings, 'job.completed', job['id'], holders, agent_id=agent['id'])
 
 
 def refresh_multi_worker_job(db, job, unpaid_status):
@@ -1512,7 +1629,7 @@ def dispute_parties(db, dispute):
     return {row['requester_id'], row['worker_id']}
 
 
-def open_dispute(db, job_id, claim_id, reason, account, required_votes):
+def open_dispute(db, settings, job_id, claim_id, reason, account):
     """The requester disputes a delivery: claim and job become `disputed`, escrow stays locked."""
     with db.transaction():
         job = get_job(db, job_id)
@@ -1530,11 +1647,13 @@ def open_dispute(db, job_id, claim_id, reason, account, required_votes):
             raise Conflict('Another delivery of this job is under dispute; dispute this one after it is '
                            'resolved.', code='dispute_open')
         dispute = {'id': new_id(), 'job_id': job_id, 'claim_id': claim_id, 'status': 'open', 'reason': reason,
-                   'outcome': None, 'resolution': None, 'resolved_by': None, 'required_votes': required_votes,
+                   'outcome': None, 'resolution': None, 'resolved_by': None,
+                   'required_votes': settings.required_votes,
                    'created_at': now_iso(), 'resolved_at': None}
         db.insert('disputes', dispute)
         set_claim_status(db, claim_id, 'disputed')
         set_job_status(db, job_id, live_job_status(db, job))
+        queue_event(db, settings, 'payment.disputed', job_id, claim_holders(db, job_id), agent_id=claim['agent_id'])
     return get_dispute(db, dispute['id']), get_job(db, job_id)
 
 
@@ -1700,6 +1819,9 @@ def expire_overdue_jobs(db, settings):
                 continue
             if finish_job(db, job, 'expired'):
                 result['refunded'] += 1
+            ended = db.value('SELECT status FROM jobs WHERE id = :id', {'id': job_id})
+            queue_event(db, settings, 'job.expired' if ended == 'expired' else 'job.completed', job_id,
+                        claim_holders(db, job_id))
             result['expired'] += 1
             result['jobIds'].append(job_id)
     return result
@@ -1966,6 +2088,232 @@ def job_stream(svc, stream_filter, after_seq=None, since=None):
 
 
 ###############################################################################
+# Webhook delivery ############################################################
+###############################################################################
+
+WEBHOOK_ATTEMPTS = 8            # waits of base × 1, 3, 9, … 729: about 18 hours with the default 60 s
+WEBHOOK_RETRY_FACTOR = 3
+MAX_RETRY_AFTER = 24 * 3600
+EVENT_HEADLINES = {
+    'job.new': 'New job', 'job.claimed': 'Job claimed', 'job.delivered': 'Work delivered',
+    'job.completed': 'Job completed', 'job.expired': 'Job expired', 'payment.released': 'Payment released',
+    'payment.disputed': 'Payment disputed', 'webhook.test': 'Webhook test',
+}
+
+
+class BlockedAddress(OSError):
+    """A webhook connection reached an address that webhooks may not reach."""
+
+
+def webhook_session(allow_private):
+    """A requests session for webhooks: the address actually connected to is checked (so DNS tricks between
+    the check and the connection do not help), and redirects are never followed (callers pass
+    allow_redirects=False)."""
+
+    def checked(connection_class):
+        class Checked(connection_class):
+            def _new_conn(self):
+                sock = super()._new_conn()
+                if not allow_private and not is_public_address(sock.getpeername()[0]):
+                    sock.close()
+                    raise BlockedAddress(f'{self.host} resolves to a loopback, private, link-local or '
+                                         'multicast address, which webhooks may not reach')
+                return sock
+        return Checked
+
+    class HTTPPool(urllib3.HTTPConnectionPool):
+        ConnectionCls = checked(urllib3.connection.HTTPConnection)
+
+    class HTTPSPool(urllib3.HTTPSConnectionPool):
+        ConnectionCls = checked(urllib3.connection.HTTPSConnection)
+
+    class Adapter(requests.adapters.HTTPAdapter):
+        def init_poolmanager(self, *args, **kwargs):
+            super().init_poolmanager(*args, **kwargs)
+            self.poolmanager.pool_classes_by_scheme = {'http': HTTPPool, 'https': HTTPSPool}
+
+    session = requests.Session()
+    session.trust_env = False        # no proxies from the environment: the address checked is the one reached
+    for scheme in ('http://', 'https://'):
+        session.mount(scheme, Adapter(pool_connections=20, pool_maxsize=20, max_retries=0))
+    return session
+
+
+def signature_headers(secret, delivery_id, event, body, moment):
+    """X-Service-* headers and the Standard Webhooks headers for one attempt.
+
+    X-Service-Signature is the hex HMAC-SHA256 of the raw body keyed with the whole `whsec_...` string;
+    webhook-signature is `v1,` + base64 HMAC-SHA256 of "{id}.{timestamp}.{body}" keyed with the decoded secret.
+    """
+    timestamp = str(int(moment.timestamp()))
+    signed = f'{delivery_id}.{timestamp}.'.encode('utf-8') + body
+    standard = hmac.new(base64.b64decode(secret.removeprefix('whsec_')), signed, hashlib.sha256).digest()
+    return {
+        'Content-Type': 'application/json',
+        'User-Agent': f'marketplace-webhooks/{__version__}',
+        'X-Service-Event': event,
+        'X-Service-Delivery': delivery_id,
+        'X-Service-Timestamp': timestamp,
+        'X-Service-Signature': hmac.new(secret.encode('utf-8'), body, hashlib.sha256).hexdigest(),
+        'webhook-id': delivery_id,
+        'webhook-timestamp': timestamp,
+        'webhook-signature': 'v1,' + base64.b64encode(standard).decode('ascii'),
+    }
+
+
+def chat_message(body, webhook_format):
+    """The event as the chat tool's own message body (Slack, Discord, Telegram), or the JSON body as is."""
+    if webhook_format == 'json':
+        return body
+    data = body['data']
+    headline = EVENT_HEADLINES.get(body['type'], body['type'])
+    if body['type'] == 'webhook.test':
+        terms, title, url = 'the marketplace can reach this channel', 'Webhook test', None
+    else:
+        terms = f'{data["amount"]} {data["currency"]} · {data["category"]} · {data["status"]}'
+        title, url = data['title'], data['jobUrl']
+    if webhook_format == 'slack':
+        def escape(text):
+            return text.replace('&', '&amp;').replace('<', '&lt;').replace('>', '&gt;')
+        link = f'<{url}|{escape(title)}>' if url else escape(title)
+        return {'text': f'{headline}: {title} ({terms})' + (f' {url}' if url else ''),
+                'blocks': [{'type': 'section', 'text': {'type': 'mrkdwn', 'text': f'*{headline}*: {link}\n{escape(terms)}'}}]}
+    if webhook_format == 'discord':
+        embed = {'title': title[:256], 'description': f'{headline} · {terms}'[:4096]}
+        if url:
+            embed['url'] = url
+        return {'content': f'{headline}: {title}'[:2000], 'embeds': [embed]}
+    link = f'<a href="{html.escape(url)}">{html.escape(title)}</a>' if url else html.escape(title)
+    return {'text': f'<b>{html.escape(headline)}</b>: {link}\n{html.escape(terms)}', 'parse_mode': 'HTML',
+            'disable_web_page_preview': True}
+
+
+def retry_after_seconds(header):
+    """Seconds from a Retry-After header (a number or an HTTP date), or None."""
+    if not header:
+        return None
+    try:
+        return max(0, min(MAX_RETRY_AFTER, int(header.strip())))
+    except ValueError:
+        pass
+    try:
+        moment = email.utils.parsedate_to_datetime(header)
+    except (TypeError, ValueError):
+        return None
+    return max(0, min(MAX_RETRY_AFTER, int((moment - now()).total_seconds())))
+
+
+def send_webhook(session, settings, agent, delivery_id, event, body):
+    """POST one event to an agent's webhook; return {statusCode, error, retryAfter, responseTime (ms)}.
+
+    Network I/O: never call it inside a transaction.
+    """
+    raw = json.dumps(chat_message(body, agent['webhook_format']), separators=(',', ':')).encode('utf-8')
+    headers = signature_headers(agent['webhook_secret'], delivery_id, event, raw, now())
+    started = time.monotonic()
+    outcome = {'statusCode': None, 'error': None, 'retryAfter': None}
+    problem = webhook_url_problem(agent['webhook_url'], allow_private=True)     # the scheme; addresses: below
+    if problem:
+        outcome['error'] = f'webhookUrl {problem}'
+    else:
+        try:
+            with gevent.Timeout(settings.webhook_timeout, TimeoutError):
+                answer = session.post(agent['webhook_url'], data=raw, headers=headers, allow_redirects=False,
+                                      timeout=settings.webhook_timeout, stream=True)
+                answer.close()           # the receiver's body is not needed
+            outcome['statusCode'] = answer.status_code
+            outcome['retryAfter'] = retry_after_seconds(answer.headers.get('Retry-After'))
+            if not 200 <= answer.status_code < 300:
+                outcome['error'] = f'the receiver answered {answer.status_code}'
+        except requests.exceptions.ConnectionError as exc:
+            outcome['error'] = ('blocked: the address is loopback, private, link-local or multicast'
+                                if 'may not reach' in str(exc) else 'could not connect')
+        except (requests.exceptions.Timeout, TimeoutError):
+            outcome['error'] = f'no answer within {settings.webhook_timeout:g} s'
+        except (requests.exceptions.RequestException, OSError) as exc:
+            outcome['error'] = f'{type(exc).__name__}: {str(exc)[:200]}'
+    outcome['responseTime'] = round((time.monotonic() - started) * 1000, 1)
+    return outcome
+
+
+def deliver_webhook(db, settings, session, delivery_id):
+    """One attempt at a pending delivery, then its new state in one transaction: delivered, failed (410, the
+    last attempt, or a webhook gone), or pending again after a backoff with jitter (or Retry-After)."""
+    row = db.row("SELECT * FROM webhook_deliveries WHERE id = :id AND status = 'pending'", {'id': delivery_id})
+    if row is None:
+        return None
+    agent = db.row('SELECT * FROM agents WHERE id = :id', {'id': row['agent_id']})
+    if agent['webhook_url'] is None or agent['webhook_disabled_at']:
+        outcome = {'statusCode': None, 'error': 'the agent has no live webhook'}
+    else:
+        outcome = send_webhook(session, settings, agent, delivery_id, row['event'], json.loads(row['payload']))
+    with db.transaction():
+        if db.value('SELECT status FROM webhook_deliveries WHERE id = :id', {'id': delivery_id}) != 'pending':
+            return None                  # settled meanwhile
+        attempts, code = row['attempts'] + 1, outcome['statusCode']
+        changes = {'attempts': attempts, 'last_status_code': code, 'last_error': outcome['error'],
+                   'next_attempt_at': None, 'delivered_at': None, 'status': 'failed'}
+        if code is not None and 200 <= code < 300:
+            changes.update(status='delivered', delivered_at=now_iso())
+        elif code == 410:
+            changes['last_error'] = 'the receiver answered 410 Gone: the webhook is disabled'
+            db.execute('UPDATE agents SET webhook_disabled_at = :now, updated_at = :now WHERE id = :id',
+                       {'now': now_iso(), 'id': agent['id']})
+        elif outcome['error'] != 'the agent has no live webhook' and attempts < WEBHOOK_ATTEMPTS:
+            wait = settings.webhook_retry_base * WEBHOOK_RETRY_FACTOR ** (attempts - 1)
+            wait *= secrets.SystemRandom().uniform(0.8, 1.2)       # jitter: receivers coming back are not stampeded
+            if code in (429, 503) and outcome.get('retryAfter') is not None:
+                wait = max(wait, outcome['retryAfter'])
+            changes.update(status='pending', next_attempt_at=iso(now() + timedelta(seconds=wait)))
+        db.execute('''UPDATE webhook_deliveries SET status = :status, attempts = :attempts,
+                      last_status_code = :last_status_code, last_error = :last_error,
+                      next_attempt_at = :next_attempt_at, delivered_at = :delivered_at, updated_at = :now
+                      WHERE id = :id''', dict(changes, now=now_iso(), id=delivery_id))
+    return changes['status']
+
+
+class WebhookWorker:
+    """Delivers the outbox: every quarter second it starts the due deliveries, at most 20 at a time, each in
+    its own greenlet, so a slow receiver delays only its own deliveries."""
+
+    def __init__(self, service, concurrency=20):
+        import gevent.pool
+        self.service = service
+        self.pool = gevent.pool.Pool(concurrency)
+        self.busy = set()
+
+    def run(self):
+        import gevent
+        while True:
+            try:
+                self.start_due()
+            except Exception:
+                log.exception('webhook dispatch failed; trying again')
+            gevent.sleep(0.25)
+
+    def start_due(self):
+        due = self.service.db.rows('''SELECT id FROM webhook_deliveries WHERE status = 'pending'
+                                       AND next_attempt_at <= :now ORDER BY next_attempt_at LIMIT 200''',
+                                   {'now': now_iso()})
+        for row in due:
+            if row['id'] not in self.busy and self.pool.free_count():
+                self.busy.add(row['id'])
+                self.pool.spawn(self.attempt, row['id'])
+
+    def attempt(self, delivery_id):
+        try:
+            status = deliver_webhook(self.service.db, self.service.settings, self.service.webhooks, delivery_id)
+            log.info('webhook %s: %s', delivery_id, status)
+        except Exception:
+            log.exception('webhook %s failed', delivery_id)
+        finally:
+            self.busy.discard(delivery_id)
+
+    def stop(self):
+        self.pool.kill(block=False)     # attempts cut short stay pending: sent again after a restart
+
+
+###############################################################################
 # Routes: the service, accounts, agents, feed and cards #######################
 ###############################################################################
 
@@ -2092,7 +2440,7 @@ def post_account():
 @route('POST', '/api/agents/register', limit='registration')
 def post_agent_register():
     require_open_registration()
-    fields = read_agent_body(read_json_body())
+    fields = read_agent_body(read_json_body(), service().settings)
     db = service().db
     with db.transaction():
         account, key = create_account(db, fields['name'])
@@ -2104,7 +2452,8 @@ def post_agent_register():
 @route('POST', '/api/agents', limit='agents_create')
 def post_agent():
     account = require_account()
-    agent, secret = create_agent(service().db, account['id'], read_agent_body(read_json_body()))
+    svc = service()
+    agent, secret = create_agent(svc.db, account['id'], read_agent_body(read_json_body(), svc.settings))
     response.status = 201
     return {'agent': agent_json(agent, account), 'webhookSecret': secret}
 
@@ -2132,6 +2481,143 @@ def show_agent(agent_id):
                          ORDER BY created_at DESC, rowid DESC LIMIT 200''', {'id': agent['id']})
     return {'agent': agent_json(agent, caller()), 'claims': [claim_json(c) for c in claims],
             'reputationHistory': [reputation_json(e) for e in history]}
+
+
+def owned_agent(agent_id, account, admin_too=True):
+    """The agent, if the caller owns it (or is an admin, when `admin_too`); else 403."""
+    agent = get_agent(service().db, parse_uuid(agent_id, 'agentId'))
+    if agent['account_id'] != account['id'] and not (admin_too and is_admin(account)):
+        raise Forbidden("Only the agent's owner may do that.")
+    return agent
+
+
+@route('PATCH', '/api/agents/<agent_id>', limit='agents_create')
+def patch_agent(agent_id):
+    account = require_account()
+    agent_id = parse_uuid(agent_id, 'agentId')
+    svc = service()
+    changes = read_agent_body(read_json_body(), svc.settings, partial=True)
+    agent = owned_agent(agent_id, account, admin_too=False)
+    for column in ('capabilities', 'pricing'):
+        if column in changes:
+            changes[column] = json.dumps(changes[column])
+    if 'webhook_url' in changes:
+        changes['webhook_disabled_at'] = None      # a new (or the same) URL turns a disabled webhook back on
+    if changes:
+        assignments = ', '.join(f'{column} = :{column}' for column in changes)
+        with svc.db.transaction():
+            svc.db.execute(f'UPDATE agents SET {assignments}, updated_at = :now WHERE id = :id',
+                           dict(changes, now=now_iso(), id=agent['id']))
+    return {'agent': agent_json(get_agent(svc.db, agent['id']), account)}
+
+
+@route('POST', '/api/agents/<agent_id>/webhook-secret', limit='webhook_test')
+def post_webhook_secret(agent_id):
+    account = require_account()
+    read_json_body(optional=True)
+    agent = owned_agent(agent_id, account, admin_too=False)
+    secret = new_webhook_secret()
+    db = service().db
+    with db.transaction():
+        db.execute('UPDATE agents SET webhook_secret = :secret, updated_at = :now WHERE id = :id',
+                   {'secret': secret, 'now': now_iso(), 'id': agent['id']})
+    return {'agentId': agent['id'], 'webhookSecret': secret}
+
+
+def delivery_json(row):
+    return {'id': row['id'], 'event': row['event'], 'status': row['status'], 'attempts': row['attempts'],
+            'lastStatusCode': row['last_status_code'], 'lastError': row['last_error'],
+            'nextAttemptAt': row['next_attempt_at'], 'createdAt': row['created_at'],
+            'deliveredAt': row['delivered_at'], 'payload': json.loads(row['payload'])}
+
+
+@route('GET', '/api/agents/<agent_id>/webhooks')
+def get_webhook_deliveries(agent_id):
+    account = require_account()
+    agent = owned_agent(agent_id, account)
+    query = request.query
+    limit, offset = page_params(query)
+    status = query_choice(query, 'status', ('pending', 'delivered', 'failed'))
+    clause = 'agent_id = :agent' + (' AND status = :status' if status else '')
+    params = {'agent': agent['id'], 'status': status, 'limit': limit, 'offset': offset}
+    db = service().db
+    rows = db.rows(f'''SELECT * FROM webhook_deliveries WHERE {clause}
+                       ORDER BY created_at DESC, rowid DESC LIMIT :limit OFFSET :offset''', params)
+    return {'deliveries': [delivery_json(row) for row in rows],
+            'total': db.value(f'SELECT count(*) FROM webhook_deliveries WHERE {clause}', params),
+            'limit': limit, 'offset': offset}
+
+
+@route('POST', '/api/agents/<agent_id>/webhooks/<delivery_id>/redeliver', limit='webhook_test')
+def post_redeliver(agent_id, delivery_id):
+    account = require_account()
+    agent_id, delivery_id = parse_uuid(agent_id, 'agentId'), parse_uuid(delivery_id, 'deliveryId')
+    read_json_body(optional=True)
+    agent = owned_agent(agent_id, account)
+    db = service().db
+    with db.transaction():
+        if not db.value('SELECT 1 FROM webhook_deliveries WHERE id = :id AND agent_id = :agent',
+                        {'id': delivery_id, 'agent': agent['id']}):
+            raise NotFound('This agent has no delivery with this id.')
+        if agent['webhook_url'] is None or agent['webhook_disabled_at']:
+            raise Conflict('The agent has no live webhook; set its webhookUrl (PATCH /api/agents/:id) first.',
+                           code='webhook_disabled')
+        db.execute('''UPDATE webhook_deliveries SET status = 'pending', attempts = 0, next_attempt_at = :now,
+                      last_error = NULL, delivered_at = NULL, updated_at = :now WHERE id = :id''',
+                   {'now': now_iso(), 'id': delivery_id})
+    response.status = 202
+    return {'delivery': delivery_json(db.row('SELECT * FROM webhook_deliveries WHERE id = :id', {'id': delivery_id}))}
+
+
+@route('POST', '/api/webhooks/test', limit='webhook_test')
+def post_webhook_test():
+    account = require_account()
+    form = Form(read_json_body())
+    agent_id = form.uuid('agentId', required=True)
+    form.done()
+    agent = owned_agent(agent_id, account, admin_too=False)
+    if agent['webhook_url'] is None:
+        raise BadRequest('The agent has no webhookUrl to test; set one with PATCH /api/agents/:id.',
+                         code='no_webhook')
+    svc = service()
+    body = {'type': 'webhook.test', 'timestamp': now_iso(),
+            'data': {'agentId': agent['id'], 'message': 'A test event from the marketplace.'}}
+    outcome = send_webhook(svc.webhooks, svc.settings, agent, new_id(), 'webhook.test', body)
+    answer = {'success': outcome['error'] is None, 'statusCode': outcome['statusCode'] or 0,
+              'responseTime': outcome['responseTime'], 'webhookUrl': agent['webhook_url'], 'signed': True}
+    if outcome['error']:
+        answer['error'] = outcome['error']
+    return answer
+
+
+SAMPLE_EVENT = {'type': 'job.new', 'timestamp': '2026-11-21T16:40:00.000Z', 'data': {
+    'jobId': '6e1c1e73-c263-4038-be66-93257721f391', 'title': 'Fix the flaky test', 'category': 'code',
+    'amount': '25.00', 'currency': 'USDC', 'agentId': '0b5d8d8e-3f7e-4c36-9d64-2f6f3c1c9a10', 'status': 'open',
+    'txHash': None, 'jobUrl': 'https://market.example/jobs/6e1c1e73-c263-4038-be66-93257721f391'}}
+WEBHOOK_TEMPLATES = [
+    {'id': 'slack', 'name': 'Slack',
+     'description': 'Post each event to a Slack channel through an incoming webhook.',
+     'relay': 'No relay needed: create an incoming webhook in Slack, then set the agent\'s webhookUrl to its '
+              'URL (https://hooks.slack.com/services/...) and webhookFormat to "slack". The service sends '
+              '{text, blocks}. With webhookFormat "json", a relay must turn data.title, data.amount, '
+              'data.currency and data.jobUrl into {"text": ...}.'},
+    {'id': 'discord', 'name': 'Discord',
+     'description': 'Post each event to a Discord channel through a channel webhook.',
+     'relay': 'No relay needed: create a webhook in the channel settings, then set webhookUrl to it '
+              '(https://discord.com/api/webhooks/...) and webhookFormat to "discord". The service sends '
+              '{content, embeds}.'},
+    {'id': 'telegram', 'name': 'Telegram',
+     'description': 'Send each event to a Telegram chat through a bot.',
+     'relay': 'No relay needed: create a bot with @BotFather, then set webhookUrl to '
+              'https://api.telegram.org/bot<token>/sendMessage?chat_id=<chat id> and webhookFormat to '
+              '"telegram". The service sends {text, parse_mode: "HTML"}; the chat id travels in the URL.'},
+]
+
+
+@route('GET', '/api/webhooks/templates')
+def get_webhook_templates():
+    return {'templates': [dict(template, example=chat_message(SAMPLE_EVENT, template['id']))
+                          for template in WEBHOOK_TEMPLATES]}
 
 
 # Feed and agent cards ----------------------------------------------------------
@@ -2365,7 +2851,7 @@ def get_jobs():
 def post_job():
     account = require_account()
     svc = service()
-    job = create_job(svc.db, read_job_body(read_json_body(), account))
+    job = create_job(svc.db, svc.settings, read_job_body(read_json_body(), account))
     svc.hub.publish(job)      # committed: now the live streams may see it
     response.status = 201
     return {'job': job_json(job, svc.settings.base_url)}
@@ -2403,7 +2889,7 @@ def post_claim(job_id):
             raise ValidationFailed('Say which agent claims the job.', fields={
                 'agentId': 'is required: your account owns ' + ('no agent' if not owned else 'several agents')})
         agent_id = owned[0]
-    claim = claim_job(svc.db, job_id, agent_id, account)
+    claim = claim_job(svc.db, svc.settings, job_id, agent_id, account)
     response.status = 201
     return {'claim': claim_json(claim), 'job': job_json(get_job(svc.db, job_id), svc.settings.base_url)}
 
@@ -2415,7 +2901,7 @@ def post_delivery(job_id):
     job_id = parse_uuid(job_id, 'jobId')
     claim_id, deliverable = read_deliverable(read_json_body())
     svc = service()
-    claim, job = deliver_claim(svc.db, job_id, claim_id, deliverable, account)
+    claim, job = deliver_claim(svc.db, svc.settings, job_id, claim_id, deliverable, account)
     return {'claim': claim_json(claim), 'job': job_json(job, svc.settings.base_url)}
 
 
@@ -2576,7 +3062,7 @@ def post_dispute(job_id):
     reason = form.text('reason', required=True, max_len=5000)
     form.done()
     svc = service()
-    dispute, job = open_dispute(svc.db, job_id, claim_id, reason, account, svc.settings.required_votes)
+    dispute, job = open_dispute(svc.db, svc.settings, job_id, claim_id, reason, account)
     response.status = 201
     return {'dispute': dispute_json(dispute), 'job': job_json(job, svc.settings.base_url)}
 
@@ -2808,7 +3294,11 @@ AGENT_SCHEMA = closed_object({
     'createdAt': TIME_SCHEMA,
     'updatedAt': TIME_SCHEMA,
     'webhookUrl': dict(nullable(URL_SCHEMA), description="Sent only to the agent's owner and to admins."),
-}, optional=['webhookUrl'], description='An agent that claims and delivers jobs.')
+    'webhookFormat': {'type': 'string', 'enum': list(WEBHOOK_FORMATS),
+                      'description': "Owner and admins only: json, or a chat tool's own message format."},
+    'webhookEnabled': {'type': 'boolean',
+                       'description': 'Owner and admins only: false without a URL or after a 410 answer.'},
+}, optional=['webhookUrl', 'webhookFormat', 'webhookEnabled'], description='An agent that claims and delivers jobs.')
 
 MATCH_SCORE_SCHEMA = dict(SHARE_SCHEMA, description='How well it matches, from 0 to 1.')
 
@@ -2928,10 +3418,23 @@ API_SCHEMAS = {
         'name': {'type': 'string', 'minLength': 1, 'maxLength': 100},
         'description': {'type': 'string', 'maxLength': 2000, 'default': ''},
         'walletAddress': ADDRESS_SCHEMA,
-        'webhookUrl': URL_SCHEMA,
+        'webhookUrl': dict(URL_SCHEMA, description='Must not resolve to a loopback, private, link-local or '
+                                                   'multicast address (unless --allow-private-webhooks).'),
+        'webhookFormat': {'type': 'string', 'enum': list(WEBHOOK_FORMATS), 'default': 'json'},
         'capabilities': dict(CAPABILITIES_SCHEMA, description='At most 10000 bytes of JSON.'),
         'pricing': dict(PRICING_SCHEMA, description='At most 10000 bytes of JSON.'),
     }},
+    'AgentPatch': {'type': 'object', 'description': 'Only the fields sent change; a webhookUrl (even the same '
+                   'one) turns a webhook disabled by a 410 back on; null removes the webhook.', 'properties': {
+        'name': {'type': 'string', 'minLength': 1, 'maxLength': 100},
+        'description': {'type': ['string', 'null'], 'maxLength': 2000},
+        'walletAddress': ADDRESS_SCHEMA,
+        'webhookUrl': nullable(URL_SCHEMA),
+        'webhookFormat': {'type': ['string', 'null'], 'enum': list(WEBHOOK_FORMATS) + [None]},
+        'capabilities': nullable(CAPABILITIES_SCHEMA),
+        'pricing': nullable(PRICING_SCHEMA),
+    }},
+    'WebhookTest': {'type': 'object', 'required': ['agentId'], 'properties': {'agentId': UUID_SCHEMA}},
     'AccountCreate': {'type': 'object', 'required': ['name'], 'properties': {
         'name': {'type': 'string', 'minLength': 1, 'maxLength': 100}}},
     'ClaimCreate': {'type': 'object', 'properties': {
@@ -3005,6 +3508,41 @@ API_SCHEMAS = {
         'apiKey': {'type': 'string', 'pattern': '^mk_[A-Za-z0-9_-]+$', 'description': 'Shown once.'},
         'webhookSecret': {'type': 'string', 'pattern': '^whsec_[A-Za-z0-9+/]+={0,2}$', 'description': 'Shown once.'},
     }),
+    'AgentUpdated': closed_object({'agent': schema_ref('Agent')}),
+    'WebhookSecret': closed_object({
+        'agentId': UUID_SCHEMA,
+        'webhookSecret': {'type': 'string', 'pattern': '^whsec_[A-Za-z0-9+/]+={0,2}$',
+                          'description': 'Shown once; signs every delivery from now on.'},
+    }),
+    'Delivery': closed_object({
+        'id': dict(UUID_SCHEMA, description='X-Service-Delivery and webhook-id: the same on every attempt.'),
+        'event': {'type': 'string'},
+        'status': {'type': 'string', 'enum': ['pending', 'delivered', 'failed']},
+        'attempts': COUNT_SCHEMA,
+        'lastStatusCode': nullable({'type': 'integer'}),
+        'lastError': nullable({'type': 'string'}),
+        'nextAttemptAt': nullable(TIME_SCHEMA),
+        'createdAt': TIME_SCHEMA,
+        'deliveredAt': nullable(TIME_SCHEMA),
+        'payload': {'type': 'object', 'description': 'The JSON body of the event.'},
+    }),
+    'DeliveryList': closed_object({
+        'deliveries': {'type': 'array', 'items': schema_ref('Delivery'), 'description': 'Newest first.'},
+        'total': COUNT_SCHEMA, 'limit': {'type': 'integer', 'minimum': 1, 'maximum': 200}, 'offset': COUNT_SCHEMA,
+    }),
+    'DeliveryQueued': closed_object({'delivery': schema_ref('Delivery')}),
+    'WebhookTestResult': closed_object({
+        'success': {'type': 'boolean'},
+        'statusCode': {'type': 'integer', 'description': "The receiver's status; 0 when it gave none."},
+        'responseTime': {'type': 'number', 'description': 'Milliseconds.'},
+        'webhookUrl': URL_SCHEMA,
+        'signed': {'type': 'boolean'},
+        'error': {'type': 'string', 'description': 'Only when it failed: why.'},
+    }, optional=['error']),
+    'WebhookTemplates': closed_object({'templates': {'type': 'array', 'items': closed_object({
+        'id': {'type': 'string', 'enum': ['slack', 'discord', 'telegram']},
+        'name': {'type': 'string'}, 'description': {'type': 'string'}, 'relay': {'type': 'string'},
+        'example': {'type': 'object', 'description': 'The body the service sends in this format.'}})}}),
     'AgentCreated': closed_object({
         'agent': schema_ref('Agent'),
         'webhookSecret': {'type': 'string', 'pattern': '^whsec_[A-Za-z0-9+/]+={0,2}$', 'description': 'Shown once.'},
@@ -3198,6 +3736,30 @@ API_OPERATIONS = {
     ('GET', '/api/agents/<agent_id>'): {
         'summary': 'An agent with its recent claims and reputation history', 'tags': ['Agents'], 'auth': 'optional',
         'ok': (200, 'AgentDetail'), 'errors': (400, 404, 429)},
+    ('PATCH', '/api/agents/<agent_id>'): {
+        'summary': "Change an agent (its owner): description, wallet, webhook, capabilities, pricing",
+        'tags': ['Agents'], 'auth': 'key', 'body': 'AgentPatch', 'ok': (200, 'AgentUpdated'),
+        'errors': (400, 401, 403, 404, 413, 429)},
+    ('POST', '/api/agents/<agent_id>/webhook-secret'): {
+        'summary': "Rotate the agent's webhook secret (its owner)", 'tags': ['Webhooks'], 'auth': 'key',
+        'ok': (200, 'WebhookSecret'), 'errors': (400, 401, 403, 404, 413, 429)},
+    ('GET', '/api/agents/<agent_id>/webhooks'): {
+        'summary': "The agent's webhook delivery log (its owner or an admin)", 'tags': ['Webhooks'], 'auth': 'key',
+        'query': [{'name': 'status', 'schema': {'type': 'string', 'enum': ['pending', 'delivered', 'failed']},
+                   'description': 'Only deliveries in this state.'}, LIMIT_PARAM, OFFSET_PARAM],
+        'ok': (200, 'DeliveryList'), 'errors': (400, 401, 403, 404, 429)},
+    ('POST', '/api/agents/<agent_id>/webhooks/<delivery_id>/redeliver'): {
+        'summary': 'Send a delivery again (its owner or an admin): a new round of attempts, same delivery id',
+        'tags': ['Webhooks'], 'auth': 'key', 'ok': (202, 'DeliveryQueued'), 'errors': (400, 401, 403, 404, 409, 413, 429),
+        'description': '409 `webhook_disabled` when the agent has no live webhook.'},
+    ('POST', '/api/webhooks/test'): {
+        'summary': "Send a signed test event to the agent's webhook now and report the answer", 'tags': ['Webhooks'],
+        'auth': 'key', 'body': 'WebhookTest', 'ok': (200, 'WebhookTestResult'),
+        'errors': (400, 401, 403, 404, 413, 429),
+        'description': '400 `no_webhook` when the agent has no webhookUrl.'},
+    ('GET', '/api/webhooks/templates'): {
+        'summary': 'How to send events to Slack, Discord and Telegram', 'tags': ['Webhooks'],
+        'ok': (200, 'WebhookTemplates'), 'errors': (429,)},
     ('GET', '/api/agents/<agent_id>/card'): {
         'summary': "An agent's A2A agent card", 'tags': ['Discovery', 'Agents'],
         'ok': (200, 'AgentCard'), 'errors': (400, 404, 429)},
@@ -3343,6 +3905,7 @@ API_TAGS = [
     {'name': 'Disputes', 'description': 'Disputed deliveries and their resolution.'},
     {'name': 'Arbitration', 'description': 'Community arbitrators and their votes.'},
     {'name': 'Sweeps', 'description': 'Expiry and auto-verification, also run by the server itself.'},
+    {'name': 'Webhooks', 'description': 'Signed event deliveries to agents, their log, tests and chat templates.'},
 ]
 
 # Error answers by status: component name, description and the headers each carries.
@@ -3491,6 +4054,7 @@ class Service:
             ensure_admin_key(self.db, settings.admin_key)
         self.limiter = RateLimiter(settings.rate_limit_scale)
         self.hub = StreamHub(settings.base_url)
+        self.webhooks = webhook_session(settings.allow_private_webhooks)
         self.openapi = openapi_document(settings.base_url)    # a route without documentation fails here
 
     def close(self):
@@ -3725,10 +4289,14 @@ def serve(settings):
     gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)
     server.start()
     sweeper = gevent.spawn(sweep_forever, app.service)
+    webhooks = WebhookWorker(app.service)
+    deliverer = gevent.spawn(webhooks.run)
     log.info('marketplace %s serving on http://%s:%s (database %s, payments simulated)',
              __version__, settings.host, server.server_port, settings.db)
     server.serve_forever(stop_timeout=settings.shutdown_timeout)
     sweeper.kill()
+    deliverer.kill()
+    webhooks.stop()
     app.service.close()
     log.info('stopped')
 

@@ -27,6 +27,8 @@ CREATE TABLE IF NOT EXISTS agents (
     wallet_address    TEXT,
     webhook_url       TEXT,
     webhook_secret    TEXT NOT NULL,
+    webhook_format    TEXT NOT NULL DEFAULT 'json' CHECK (webhook_format IN ('json', 'slack', 'discord', 'telegram')),
+    webhook_disabled_at TEXT,                       -- set when the receiver answered 410 Gone
     capabilities      TEXT NOT NULL DEFAULT '{}',   -- JSON
     pricing           TEXT NOT NULL DEFAULT '{}',   -- JSON
     reputation        INTEGER NOT NULL DEFAULT 0 CHECK (reputation >= 0),  -- hundredths
@@ -182,5 +184,24 @@ CREATE TABLE IF NOT EXISTS votes (
     UNIQUE (dispute_id, arbitrator_id)
 );
 CREATE INDEX IF NOT EXISTS votes_arbitrator ON votes(arbitrator_id);
+
+-- The webhook outbox: each event is written in the transaction of the change that causes it, then a
+-- background greenlet delivers it (at least once). The id is the X-Service-Delivery / webhook-id header.
+CREATE TABLE IF NOT EXISTS webhook_deliveries (
+    id                TEXT PRIMARY KEY,
+    agent_id          TEXT NOT NULL REFERENCES agents(id),
+    event             TEXT NOT NULL,
+    payload           TEXT NOT NULL,            -- the JSON body of SPEC.md, as first written
+    status            TEXT NOT NULL CHECK (status IN ('pending', 'delivered', 'failed')),
+    attempts          INTEGER NOT NULL DEFAULT 0,
+    last_status_code  INTEGER,
+    last_error        TEXT,
+    next_attempt_at   TEXT,                     -- when pending: the earliest time of the next attempt
+    created_at        TEXT NOT NULL,
+    updated_at        TEXT NOT NULL,
+    delivered_at      TEXT
+);
+CREATE INDEX IF NOT EXISTS webhook_deliveries_due ON webhook_deliveries(status, next_attempt_at);
+CREATE INDEX IF NOT EXISTS webhook_deliveries_agent ON webhook_deliveries(agent_id, created_at);
 
 PRAGMA user_version = 1;

@@ -6,8 +6,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -182,8 +184,9 @@ def real_clock():
 
 @pytest.fixture
 def settings(tmp_path):
+    # allow_private_webhooks: webhook URLs are not resolved (no DNS in tests); the SSRF tests turn it off.
     return mp.Settings(db=str(tmp_path / 'test.db'), rate_limits='off', admin_key=ADMIN_KEY,
-                       public_url='http://market.test')
+                       public_url='http://market.test', allow_private_webhooks=True)
 
 
 @pytest.fixture
@@ -260,3 +263,59 @@ def live_server(tmp_path):
     if server.process.poll() is None:
         server.process.kill()
         server.process.wait(10)
+
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1 that records every request. It answers from `script`, a list of
+    (status, headers, delay seconds) used one per request, then 200 to everything after."""
+
+    def __init__(self):
+        self.requests = []
+        self.script = []
+        self.arrived = threading.Condition()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get('Content-Length') or 0))
+                status, headers, delay = receiver.script.pop(0) if receiver.script else (200, {}, 0)
+                if delay:
+                    time.sleep(delay)
+                with receiver.arrived:
+                    receiver.requests.append({'path': self.path, 'headers': dict(self.headers), 'body': body,
+                                              'status': status, 'at': time.monotonic()})
+                    receiver.arrived.notify_all()
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header('Content-Length', '0')
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self):
+        return f'http://127.0.0.1:{self.server.server_address[1]}/hook'
+
+    def wait_for(self, count, timeout=10):
+        """The first `count` requests, waiting up to `timeout` seconds for them."""
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: len(self.requests) >= count, timeout), \
+                f'{len(self.requests)} of {count} requests arrived in {timeout} s'
+            return self.requests[:count]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    server = Receiver()
+    yield server
+    server.close()

@@ -70,6 +70,7 @@ def test_every_route_answers_errors_as_json(app):
     for method, path, _, _ in mp.ROUTES:
         concrete = fill(path, str(uuid.uuid4()))
         where = f'{method} {path}'
+        keyed = mp.API_OPERATIONS[(method, path)].get('auth') == 'key'
 
         # Unknown path below this one: 404, for GET and for the route's own method.
         for probe in {'GET', method}:
@@ -89,11 +90,15 @@ def test_every_route_answers_errors_as_json(app):
         if '<' in path:
             for bad in ('not-a-uuid', '1234', str(uuid.uuid4())[:-1] + 'g', str(uuid.uuid4()) + '0'):
                 _, body = assert_error(call(app, method, fill(path, bad), {} if method in WRITES else None,
-                                            key=key if method in WRITES else None),
+                                            key=key if keyed else None),
                                        400, 'invalid_uuid', f'{where} with {bad}')
                 param = re.search(r'<(\w+)>', path).group(1)          # job_id -> jobId
                 assert body['fields'] == {re.sub(r'_(\w)', lambda m: m.group(1).upper(), param): 'must be a UUID'}
 
+        if keyed:     # no key or an unknown key: 401
+            headers, _ = assert_error(call(app, method, concrete, {} if method in WRITES else None), 401,
+                                      'unauthorized', where)
+            assert header(headers, 'WWW-Authenticate') == 'Bearer'
         if method in WRITES:
             # No key: 401, except the open-registration routes.
             if path not in NO_KEY:
@@ -247,9 +252,9 @@ def test_uuid_with_a_trailing_newline_is_malformed_on_every_route(app):
         if '<' not in path:
             continue
         bad = str(uuid.uuid4()) + '\n'
-        assert_error(call(app, method, fill(path, bad), {} if method in WRITES else None,
-                                    key=key if method in WRITES else None),
-                               400, 'invalid_uuid', f'{method} {path}')
+        keyed = mp.API_OPERATIONS[(method, path)].get('auth') == 'key'
+        assert_error(call(app, method, fill(path, bad), {} if method in WRITES else None, key=key if keyed else None),
+                     400, 'invalid_uuid', f'{method} {path}')
 
 
 def test_a_uuid_field_with_a_trailing_newline_is_malformed(client, market):

@@ -144,7 +144,7 @@ def test_every_operation_documents_its_errors(document):
         assert len([status for status in responses if status[0] in '23']) == 1, where
 
 
-def test_a_whole_marketplace_answers_as_documented(client, check):
+def test_a_whole_marketplace_answers_as_documented(client, check, receiver):
     """Drive every route through a realistic story and validate each JSON body against the document."""
     check(client.get('/api/health'), 'GET', '/api/health', 200)
     check(client.get('/api/openapi.json'), 'GET', '/api/openapi.json', 200)
@@ -249,6 +249,7 @@ def test_a_whole_marketplace_answers_as_documented(client, check):
 
     # Discovery routes, once they are here
     discovery(client, check, agent, job)
+    webhooks(client, check, agent, worker_key, receiver)
 
     # Sweeps: a claim that never delivers expires; a delivery nobody verifies is approved.
     stale = make_job(client, requester_key, deadline=in_hours(1))
@@ -267,6 +268,27 @@ def test_a_whole_marketplace_answers_as_documented(client, check):
     # Every route's success was validated (the stream aside).
     succeeded = {(method, route) for method, route, status in check.seen if status < 300}
     assert succeeded == set(REAL_ROUTES) - NOT_DRIVEN
+
+
+def webhooks(client, check, agent, key, receiver):
+    """The webhook routes: settings, the secret, a test event, the delivery log, redelivery, templates."""
+    path = '/api/agents/<agent_id>'
+    answer = check(client.patch(f'/api/agents/{agent["id"]}', {'webhookUrl': receiver.url, 'webhookFormat': 'json',
+                                                               'description': 'Now with a webhook.'}, key=key),
+                   'PATCH', path, 200)
+    assert answer.json['agent']['webhookEnabled'] is True
+    check(client.patch(f'/api/agents/{agent["id"]}', {'webhookFormat': 'fax'}, key=key), 'PATCH', path, 400)
+    check(client.post(f'/api/agents/{agent["id"]}/webhook-secret', key=key),
+          'POST', '/api/agents/<agent_id>/webhook-secret', 200)
+    answer = check(client.post('/api/webhooks/test', {'agentId': agent['id']}, key=key), 'POST', '/api/webhooks/test', 200)
+    assert answer.json['success'] is True and answer.json['statusCode'] == 200
+    answer = check(client.get(f'/api/agents/{agent["id"]}/webhooks', key=key),
+                   'GET', '/api/agents/<agent_id>/webhooks', 200)
+    delivery = answer.json['deliveries'][0]
+    check(client.get(f'/api/agents/{agent["id"]}/webhooks'), 'GET', '/api/agents/<agent_id>/webhooks', 401)
+    check(client.post(f'/api/agents/{agent["id"]}/webhooks/{delivery["id"]}/redeliver', key=key),
+          'POST', '/api/agents/<agent_id>/webhooks/<delivery_id>/redeliver', 202)
+    check(client.get('/api/webhooks/templates'), 'GET', '/api/webhooks/templates', 200)
 
 
 def discovery(client, check, agent, job):
