@@ -1,0 +1,136 @@
+"""The boundary to a JSON-RPC node: the only module that imports web3.
+
+Every answer becomes a plain dict or int, and every failure of the node (down, slow, garbage) becomes
+ChainUnavailable, so callers never see a web3 or requests exception. Each call has a time-out and no
+hidden retries.
+"""
+
+import logging
+import time
+
+from web3 import HTTPProvider, Web3
+from web3.exceptions import BlockNotFound, TransactionNotFound
+
+from verifier.checks import (Transfer, check_canonical, check_chain_id, check_confirmations, check_fresh,
+                             check_usdc_transfer, checksummed)
+from verifier.errors import ChainUnavailable, VerificationError
+
+log = logging.getLogger('verifier.chain')
+BALANCE_OF = '0x70a08231'      # balanceOf(address)
+ALREADY_SENT = ('already known', 'nonce too low', 'known transaction', 'already imported')
+
+
+def _hex(value):
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        return '0x' + bytes(value).hex()
+    return value if str(value).startswith('0x') else '0x' + str(value)
+
+
+def plain_receipt(receipt):
+    """A web3 receipt as the plain dict the checks take."""
+    return {
+        'transactionHash': _hex(receipt['transactionHash']),
+        'status': int(receipt['status']),
+        'blockNumber': int(receipt['blockNumber']),
+        'blockHash': _hex(receipt['blockHash']),
+        'logs': [{'address': log_['address'], 'topics': [_hex(t) for t in log_['topics']], 'data': _hex(log_['data'])}
+                 for log_ in receipt['logs']],
+    }
+
+
+class Chain:
+    """A JSON-RPC node, asked one thing at a time with a time-out."""
+
+    def __init__(self, rpc_url, *, timeout=10):
+        self.rpc_url = rpc_url
+        self.w3 = Web3(HTTPProvider(rpc_url, request_kwargs={'timeout': timeout},
+                                    exception_retry_configuration=None))
+
+    def _ask(self, what, call, *args):
+        try:
+            return call(*args)
+        except (VerificationError, TransactionNotFound, BlockNotFound):
+            raise
+        except Exception as exc:       # the boundary: connection, time-out, bad JSON, an error answer
+            log.warning('node call %s failed: %s: %s', what, type(exc).__name__, exc)
+            raise ChainUnavailable(f'The blockchain node did not answer {what} ({type(exc).__name__}).') from None
+
+    def chain_id(self):
+        return int(self._ask('eth_chainId', lambda: self.w3.eth.chain_id))
+
+    def block_number(self):
+        return int(self._ask('eth_blockNumber', lambda: self.w3.eth.block_number))
+
+    def block(self, number='latest'):
+        """{number, hash, timestamp, baseFeePerGas} of a block, or None if there is none."""
+        try:
+            block = self._ask('eth_getBlockByNumber', self.w3.eth.get_block, number)
+        except BlockNotFound:
+            return None
+        return {'number': int(block['number']), 'hash': _hex(block['hash']), 'timestamp': int(block['timestamp']),
+                'baseFeePerGas': int(block.get('baseFeePerGas') or 0)}
+
+    def receipt(self, tx_hash):
+        """The transaction's receipt as a plain dict, or None while it is unknown or not mined."""
+        try:
+            receipt = self._ask('eth_getTransactionReceipt', self.w3.eth.get_transaction_receipt, tx_hash)
+        except TransactionNotFound:
+            return None
+        if receipt is None:
+            return None
+        try:
+            return plain_receipt(receipt)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ChainUnavailable(f'The node answered a malformed receipt ({exc}).') from None
+
+    def transaction_chain_id(self, tx_hash):
+        """The chainId the transaction was signed for (None for legacy transactions without one)."""
+        try:
+            tx = self._ask('eth_getTransactionByHash', self.w3.eth.get_transaction, tx_hash)
+        except TransactionNotFound:
+            return None
+        return tx.get('chainId')
+
+    def nonce(self, address):
+        """The next nonce of an address, counting its pending transactions."""
+        return int(self._ask('eth_getTransactionCount', self.w3.eth.get_transaction_count,
+                             checksummed(address), 'pending'))
+
+    def fee_caps(self):
+        """(maxFeePerGas, maxPriorityFeePerGas) for an EIP-1559 transaction now: twice the base fee plus the tip."""
+        tip = int(self._ask('eth_maxPriorityFeePerGas', lambda: self.w3.eth.max_priority_fee))
+        base = (self.block('latest') or {}).get('baseFeePerGas', 0)
+        return 2 * base + tip, tip
+
+    def token_balance(self, token, address):
+        data = BALANCE_OF + checksummed(address)[2:].lower().rjust(64, '0')
+        answer = self._ask('eth_call', self.w3.eth.call, {'to': checksummed(token), 'data': data})
+        return int.from_bytes(bytes(answer), 'big') if answer else 0
+
+    def send_raw(self, raw_hex):
+        """Broadcast a signed transaction; True if the node took it, also when it knew it already."""
+        try:
+            self.w3.eth.send_raw_transaction(raw_hex)
+            return True
+        except Exception as exc:
+            if any(text in str(exc).lower() for text in ALREADY_SENT):
+                return True
+            log.warning('broadcast failed: %s: %s', type(exc).__name__, exc)
+            raise ChainUnavailable(f'The node did not take the transaction ({type(exc).__name__}).') from None
+
+    def verify_usdc_payment(self, tx_hash, *, chain_id, token, recipient, min_amount, payer=None,
+                            confirmations=1, max_age_seconds=None, now=None):
+        """Fetch a transaction and check it paid `recipient` at least `min_amount` USDC: found, succeeded, on
+        `chain_id`, from the token contract, deep enough, still canonical, fresh. Returns the Transfer."""
+        receipt = self.receipt(tx_hash)
+        if receipt is None:
+            raise VerificationError('No mined transaction has this hash (yet).', 'payment_not_found', retry_after=2)
+        check_chain_id(self.transaction_chain_id(tx_hash), chain_id)
+        transfer = check_usdc_transfer(receipt, token=token, recipient=recipient, min_amount=min_amount, payer=payer)
+        check_confirmations(receipt['blockNumber'], self.block_number(), confirmations)
+        block = self.block(receipt['blockNumber'])
+        check_canonical(receipt['blockHash'], block and block['hash'])
+        check_fresh(block['timestamp'], now if now is not None else time.time(), max_age_seconds)
+        return Transfer(transfer.payer, transfer.recipient, transfer.amount)

@@ -1,0 +1,108 @@
+"""Pure checks of USDC payments over receipt dicts: no node, no web3.
+
+A receipt here is a plain dict: {transactionHash, status (1 or 0), blockNumber (int), blockHash,
+logs: [{address, topics: [hex...], data: hex}]}; `verifier.chain` turns the node's answers into it.
+Token amounts are integers in base units (USDC: 6 decimals); addresses are compared checksummed.
+"""
+
+from dataclasses import dataclass
+
+from verifier.addresses import address_problem, to_checksum_address
+from verifier.errors import VerificationError
+
+# keccak256("Transfer(address,address,uint256)")
+TRANSFER_TOPIC = '0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef'
+BASE_BLOCK_SECONDS = 2
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """What a checked payment moved: from `payer` to `recipient`, `amount` base units."""
+
+    payer: str
+    recipient: str
+    amount: int
+
+
+def checksummed(address, what='address'):
+    """An address in EIP-55 form; VerificationError (payment_invalid) if it is not one."""
+    if not isinstance(address, str) or address_problem(address):
+        raise VerificationError(f'The {what} is not a valid address.', 'payment_invalid')
+    return to_checksum_address(address)
+
+
+def _topic_address(topic):
+    return to_checksum_address('0x' + topic[-40:])
+
+
+def usdc_transfers(receipt, token):
+    """The Transfer logs of a receipt emitted by `token` (a log from any other contract does not count)."""
+    token = checksummed(token, 'token address')
+    found = []
+    for log in receipt.get('logs') or []:
+        topics = log.get('topics') or []
+        if len(topics) != 3 or topics[0].lower() != TRANSFER_TOPIC:
+            continue
+        if checksummed(log.get('address'), 'log address') != token:
+            continue
+        try:
+            amount = int(log.get('data') or '0x0', 16)
+        except ValueError:
+            raise VerificationError('A Transfer log carries no amount.', 'payment_invalid') from None
+        found.append(Transfer(_topic_address(topics[1]), _topic_address(topics[2]), amount))
+    return found
+
+
+def check_succeeded(receipt):
+    if receipt.get('status') != 1:
+        raise VerificationError('The transaction reverted: it moved no money.', 'payment_reverted')
+
+
+def check_usdc_transfer(receipt, *, token, recipient, min_amount, payer=None):
+    """The USDC that `receipt` moved to `recipient` (from `payer`, if given), at least `min_amount`."""
+    check_succeeded(receipt)
+    recipient = checksummed(recipient, 'recipient')
+    transfers = usdc_transfers(receipt, token)
+    if not transfers:
+        raise VerificationError('The transaction moved no USDC (a Transfer counts only from the USDC '
+                                'contract).', 'payment_wrong_token')
+    to_recipient = [t for t in transfers if t.recipient == recipient]
+    if not to_recipient:
+        raise VerificationError(f'The USDC went to {transfers[0].recipient}, not to {recipient}.',
+                                'payment_wrong_recipient')
+    if payer is not None:
+        payer = checksummed(payer, 'payer')
+        to_recipient = [t for t in to_recipient if t.payer == payer]
+        if not to_recipient:
+            raise VerificationError(f'The USDC came from another address than {payer}.', 'payment_wrong_payer')
+    amount = sum(t.amount for t in to_recipient)
+    if amount < min_amount:
+        raise VerificationError(f'The transfer is {amount} base units; at least {min_amount} are needed.',
+                                'payment_insufficient')
+    return Transfer(to_recipient[0].payer, recipient, amount)
+
+
+def check_chain_id(actual, expected):
+    if actual is not None and int(actual) != int(expected):
+        raise VerificationError(f'The payment is on chain {actual}, not on chain {expected}.', 'payment_wrong_chain')
+
+
+def check_confirmations(receipt_block, latest_block, required):
+    """The receipt's block counts as one confirmation; too few: payment_pending with a Retry-After."""
+    confirmations = latest_block - receipt_block + 1
+    if confirmations < required:
+        missing = required - max(confirmations, 0)
+        raise VerificationError(f'The payment has {max(confirmations, 0)} of {required} confirmations.',
+                                'payment_pending', retry_after=max(1, missing * BASE_BLOCK_SECONDS))
+    return confirmations
+
+
+def check_canonical(receipt_block_hash, canonical_block_hash):
+    if (receipt_block_hash or '').lower() != (canonical_block_hash or '').lower():
+        raise VerificationError('The block holding the payment is no longer on the chain (a reorganisation).',
+                                'payment_reorged')
+
+
+def check_fresh(block_timestamp, now_timestamp, max_age_seconds):
+    if max_age_seconds is not None and now_timestamp - block_timestamp > max_age_seconds:
+        raise VerificationError(f'The payment is older than {max_age_seconds} seconds.', 'payment_expired')

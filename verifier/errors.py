@@ -1,0 +1,19 @@
+"""The one error root of the verifier: every failed check, parse or node call ends in it."""
+
+
+class VerificationError(Exception):
+    """A payment that does not check out, with a snake_case `code` naming the failed check."""
+
+    code = 'payment_invalid'
+
+    def __init__(self, message, code=None, *, retry_after=None):
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.code
+        self.retry_after = retry_after
+
+
+class ChainUnavailable(VerificationError):
+    """The JSON-RPC node is down, slow, or answered something that is not an answer."""
+
+    code = 'chain_unavailable'
