@@ -5,14 +5,21 @@ PY     := $(VENV)/bin/python
 DB     ?= marketplace.db
 
 .DEFAULT_GOAL := help
-.PHONY: help run serve seed test clean
+.PHONY: help run serve seed test contracts clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
 
 $(VENV)/stamp: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+# anvil (a local EVM) and solc for the chain tests, pinned by package.json and package-lock.json.
+# npm install, not npm ci: the lock lacks anvil's optional packages for other platforms (the registry
+# here has only linux-amd64), which npm ci refuses; npm install keeps the locked versions.
+node_modules/.stamp: package.json package-lock.json
+	npm install --no-audit --no-fund
 	touch $@
 
 run: $(VENV)/stamp  ## serve the demo on http://127.0.0.1:8080 (seeds a new database first)
@@ -22,8 +29,11 @@ run: $(VENV)/stamp  ## serve the demo on http://127.0.0.1:8080 (seeds a new data
 seed: $(VENV)/stamp  ## load the demo fixtures into a new database (DB=marketplace.db)
 	$(PY) marketplace.py seed --db $(DB)
 
-test: $(VENV)/stamp  ## run the whole test suite
+test: $(VENV)/stamp node_modules/.stamp  ## run the whole test suite
 	$(PY) -m pytest -q
+
+contracts: node_modules/.stamp  ## rebuild fixtures/TestUSDC.json from fixtures/TestUSDC.sol
+	node fixtures/compile.js
 
 clean:  ## remove the virtual environment and the local database
 	rm -rf $(VENV) $(DB) $(DB)-wal $(DB)-shm .pytest_cache

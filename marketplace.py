@@ -59,6 +59,7 @@ import urllib3
 from bottle import request, response
 
 from verifier.addresses import address_problem
+from verifier.errors import VerificationError
 
 HERE = Path(__file__).resolve().parent
 log = logging.getLogger('marketplace')
@@ -163,11 +164,20 @@ SETTINGS = [
     Setting('webhook_timeout', 10.0, parse_positive(float), 'seconds one webhook attempt may take'),
     Setting('allow_private_webhooks', False, parse_bool,
             'allow webhook URLs on loopback and private networks (tests and local demos only)'),
+    Setting('rpc_url', '', str, 'JSON-RPC URL of a Base node: turns on onchain payments for rail base'),
+    Setting('chain_id', 8453, parse_positive(int), 'chain id the node must report (8453 Base, 84532 Base Sepolia)'),
+    Setting('usdc_address', '', str, 'the USDC contract (default: the USDC of --chain-id)'),
+    Setting('escrow_key', '', str,
+            'hex private key of the escrow wallet (payTo is its address); best given as the env var'),
+    Setting('confirmations', 2, parse_positive(int), 'blocks deep a payment must be (its own block counts as one)'),
+    Setting('payment_max_age', 86400.0, parse_positive(float), 'seconds after which a payment is too old to use'),
 ]
 
 
 class Settings:
-    """The settings in force: every Setting's name as an attribute."""
+    """The settings in force: every Setting's name as an attribute (and, in onchain mode, `onchain`)."""
+
+    onchain = None      # the OnChain of a running service: set by Service when --rpc-url is given
 
     def __init__(self, **values):
         for setting in SETTINGS:
@@ -225,17 +235,20 @@ class APIError(Exception):
     code = 'bad_request'
     message = 'The request is not valid.'
 
-    def __init__(self, message=None, *, code=None, fields=None, headers=None):
+    def __init__(self, message=None, *, code=None, fields=None, headers=None, extra=None, status=None):
         super().__init__(message or self.message)
         self.message = message or self.message
         self.code = code or self.code
         self.fields = fields
         self.headers = headers or {}
+        self.extra = extra or {}
+        self.status = status or self.status
 
     def body(self):
         body = {'error': self.message, 'code': self.code, 'status': self.status}
         if self.fields:
             body['fields'] = self.fields
+        body.update(self.extra)
         return body
 
 
@@ -313,6 +326,18 @@ class RateLimited(APIError):
 class Unavailable(APIError):
     status = 503
     code = 'unavailable'
+
+
+# A payment that does not check out is 402, except these (CONTRACT.md 7).
+PAYMENT_STATUSES = {'payment_invalid': 400, 'payment_replayed': 409, 'chain_unavailable': 503}
+
+
+def payment_error(exc):
+    """The API answer for a VerificationError: its code, 402 unless PAYMENT_STATUSES says otherwise."""
+    headers = {'Retry-After': str(exc.retry_after)} if exc.retry_after else None
+    if exc.code == 'chain_unavailable':
+        headers = {'Retry-After': '5'}
+    return APIError(exc.message, code=exc.code, status=PAYMENT_STATUSES.get(exc.code, 402), headers=headers)
 
 
 STATUS_CODES = {400: 'bad_request', 401: 'unauthorized', 403: 'forbidden', 404: 'not_found',
@@ -530,12 +555,14 @@ def escrow_account(job_id):
     return f'escrow:{job_id}'
 
 
-def record_payment(db, job, kind, amount, *, debit, credit, recipient, claim_id=None):
+def record_payment(db, job, kind, amount, *, debit, credit, recipient, claim_id=None, status='simulated',
+                   tx_hash=None, raw_tx=None, nonce=None):
     """Write one payment record and its two ledger entries (debit and credit); return the record."""
     payment = {
         'id': new_id(), 'job_id': job['id'], 'claim_id': claim_id, 'type': kind,
         'amount': amount, 'currency': job['currency'], 'rail': job['rail'],
-        'status': 'simulated', 'recipient': recipient, 'tx_hash': None, 'created_at': now_iso(),
+        'status': status, 'recipient': recipient, 'tx_hash': tx_hash, 'raw_tx': raw_tx, 'nonce': nonce,
+        'broadcast_at': None, 'created_at': now_iso(),
     }
     db.insert('payments', payment)
     for account, signed in ((debit, -amount), (credit, amount)):
@@ -552,11 +579,31 @@ def escrow_balance(db, job_id):
                     {'account': escrow_account(job_id)})
 
 
-def lock_escrow(db, job):
-    """Move the job's price from the requester into the job's escrow."""
-    return record_payment(db, job, 'escrow', cents_to_units(job['amount_cents'], job['currency']),
-                          debit=f'funding:{job["requester_id"]}', credit=escrow_account(job['id']),
-                          recipient='escrow')
+def onchain_job(settings, job):
+    """Does this job's money move on chain (onchain mode, rail base)?"""
+    return settings.onchain is not None and job['rail'] == 'base'
+
+
+def lock_escrow(db, job, funding=None):
+    """Move the job's price (on chain: all the funding transfer brought) from the requester into escrow."""
+    if funding is None:
+        return record_payment(db, job, 'escrow', cents_to_units(job['amount_cents'], job['currency']),
+                              debit=f'funding:{job["requester_id"]}', credit=escrow_account(job['id']),
+                              recipient='escrow')
+    return record_payment(db, job, 'escrow', funding['amount'], debit=f'funding:{job["requester_id"]}',
+                          credit=escrow_account(job['id']), recipient=funding['to'], status='confirmed',
+                          tx_hash=funding['tx_hash'])
+
+
+def pay_out(db, settings, job, kind, amount, *, debit, credit, recipient, claim_id=None):
+    """Record money leaving escrow. On chain the USDC transfer is signed and stored here, in the caller's
+    transaction, and broadcast after the commit: a crash can only lead to sending the same transaction again."""
+    if not onchain_job(settings, job):
+        return record_payment(db, job, kind, amount, debit=debit, credit=credit, recipient=recipient,
+                              claim_id=claim_id)
+    raw, tx_hash, nonce = settings.onchain.sign_payout(db, recipient, amount)
+    return record_payment(db, job, kind, amount, debit=debit, credit=credit, recipient=recipient,
+                          claim_id=claim_id, status='pending', tx_hash=tx_hash, raw_tx=raw, nonce=nonce)
 
 
 def release_to_worker(db, settings, job, claim, agent, amount):
@@ -566,22 +613,23 @@ def release_to_worker(db, settings, job, claim, agent, amount):
     """
     cent = 10 ** (DECIMALS[job['currency']] - 2)
     fee = amount // cent * int(settings.fee_percent * 100) // 10_000 * cent
-    payments = [record_payment(db, job, 'release', amount - fee, debit=escrow_account(job['id']),
-                               credit=f'worker:{agent["id"]}',
-                               recipient=agent['wallet_address'] or agent['id'], claim_id=claim['id'])]
-    if fee:
-        payments.append(record_payment(db, job, 'fee', fee, debit=escrow_account(job['id']),
-                                       credit='fees', recipient='operator', claim_id=claim['id']))
+    payments = [pay_out(db, settings, job, 'release', amount - fee, debit=escrow_account(job['id']),
+                        credit=f'worker:{agent["id"]}', recipient=agent['wallet_address'] or agent['id'],
+                        claim_id=claim['id'])]
+    if fee:     # on chain the fee simply stays in the escrow wallet
+        payments.append(record_payment(db, job, 'fee', fee, debit=escrow_account(job['id']), credit='fees',
+                                       recipient='operator', claim_id=claim['id'],
+                                       status='confirmed' if onchain_job(settings, job) else 'simulated'))
     return payments
 
 
-def refund_escrow(db, job):
-    """Return whatever the job's escrow still holds to the requester; the record, or None."""
+def refund_escrow(db, settings, job):
+    """Return whatever the job's escrow still holds to the requester (on chain: to the funding address)."""
     balance = escrow_balance(db, job['id'])
     if balance <= 0:
         return None
-    return record_payment(db, job, 'refund', balance, debit=escrow_account(job['id']),
-                          credit=f'funding:{job["requester_id"]}', recipient=job['requester_id'])
+    return pay_out(db, settings, job, 'refund', balance, debit=escrow_account(job['id']),
+                   credit=f'funding:{job["requester_id"]}', recipient=job['refund_address'] or job['requester_id'])
 
 
 def ledger_problems(db):
@@ -625,6 +673,149 @@ def ledger_problems(db):
         GROUP BY account, currency HAVING balance < 0'''):
         problems.append(f'account {row["account"]} holds {row["balance"]} {row["currency"]}')
     return problems
+
+
+###############################################################################
+# On-chain payments ###########################################################
+###############################################################################
+
+USDC_BY_CHAIN = {8453: '0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913', 84532: '0x036CbD53842c5426634e7929541eC2318f3dCF7e'}
+NETWORK_BY_CHAIN = {8453: 'base', 84532: 'base-sepolia'}
+DEFAULT_FEE_CAPS = (10 ** 9, 10 ** 6)        # 1 gwei max fee, 0.001 gwei tip, until the node is asked
+
+
+class OnChain:
+    """Onchain mode (CONTRACT.md 7): the node, the escrow wallet, and the payouts it signs.
+
+    Payouts are signed inside the SQLite transaction that decides them (the nonce comes from the database,
+    one at a time), stored, and broadcast after the commit; `confirm` (run by every sweep) marks them
+    confirmed once deep enough and sends again what the node does not know. One nonce is one payout, so
+    sending a transaction again can never pay twice.
+    """
+
+    def __init__(self, settings):
+        from verifier.chain import Chain
+        from verifier.payouts import escrow_address
+        if not settings.escrow_key:
+            raise ValueError('--rpc-url needs --escrow-key (or MARKETPLACE_ESCROW_KEY): the escrow wallet')
+        try:
+            self.escrow_address = escrow_address(settings.escrow_key)
+        except Exception:
+            raise ValueError('--escrow-key is not a valid hex private key') from None
+        self.usdc = settings.usdc_address or USDC_BY_CHAIN.get(settings.chain_id)
+        if not self.usdc:
+            raise ValueError(f'--usdc-address is needed on chain {settings.chain_id}')
+        self.settings = settings
+        self.chain = Chain(settings.rpc_url)
+        self.quick = Chain(settings.rpc_url, timeout=2)      # for /api/health
+        self.fees = None
+
+    def start(self, db):
+        """Check the node's chain id (a mismatch refuses to start), then learn the nonce and the fees.
+        A node that does not answer is no reason not to start: /api/health says so."""
+        try:
+            reported = self.chain.chain_id()
+        except VerificationError:
+            log.warning('the node at --rpc-url does not answer; payments wait for it')
+            return False
+        if reported != self.settings.chain_id:
+            raise ValueError(f'the node at --rpc-url is on chain {reported}, not on --chain-id '
+                             f'{self.settings.chain_id}: refusing to start')
+        self.sync(db)
+        return True
+
+    def sync(self, db):
+        """Ask the node for the escrow wallet's next nonce and the fees (network), then store the nonce."""
+        try:
+            pending = self.chain.nonce(self.escrow_address)
+            self.fees = self.chain.fee_caps()
+        except VerificationError:
+            return
+        with db.transaction():
+            db.execute('''INSERT INTO chain_state (name, value) VALUES ('next_nonce', :pending)
+                          ON CONFLICT (name) DO UPDATE SET value = max(value, :pending)''', {'pending': pending})
+
+    def sign_payout(self, db, to, amount):
+        """Sign a USDC transfer from escrow with the next nonce, inside the caller's transaction."""
+        from verifier.payouts import sign_usdc_transfer
+        nonce = db.value('''INSERT INTO chain_state (name, value) VALUES ('next_nonce', 1)
+                            ON CONFLICT (name) DO UPDATE SET value = value + 1 RETURNING value - 1''')
+        max_fee, tip = self.fees or DEFAULT_FEE_CAPS
+        raw, tx_hash = sign_usdc_transfer(self.settings.escrow_key, token=self.usdc, to=to, amount=amount,
+                                          nonce=nonce, chain_id=self.settings.chain_id, max_fee_per_gas=max_fee,
+                                          max_priority_fee_per_gas=tip)
+        return raw, tx_hash, nonce
+
+    def verify_funding(self, tx_hash, amount):
+        """The funding transfer of a job, checked on chain: (payer, amount moved). Network I/O."""
+        transfer = self.chain.verify_usdc_payment(
+            tx_hash, chain_id=self.settings.chain_id, token=self.usdc, recipient=self.escrow_address,
+            min_amount=amount, confirmations=self.settings.confirmations,
+            max_age_seconds=self.settings.payment_max_age, now=now().timestamp())
+        return transfer
+
+    def requirements(self, amount):
+        """What a requester must send to fund a job of `amount` base units."""
+        return {'payTo': self.escrow_address, 'amount': str(amount), 'asset': self.usdc,
+                'network': NETWORK_BY_CHAIN.get(self.settings.chain_id, f'eip155:{self.settings.chain_id}'),
+                'chainId': self.settings.chain_id}
+
+    def broadcast(self, db):
+        """Send every signed payout the node has not taken yet, oldest nonce first; stop at the first failure."""
+        for payment in db.rows('''SELECT id, raw_tx FROM payments WHERE status = 'pending' AND raw_tx IS NOT NULL
+                                   AND broadcast_at IS NULL ORDER BY nonce'''):
+            try:
+                self.chain.send_raw(payment['raw_tx'])
+            except VerificationError:
+                return
+            with db.transaction():
+                db.execute('UPDATE payments SET broadcast_at = :now WHERE id = :id', {'now': now_iso(), 'id': payment['id']})
+
+    def confirm(self, db):
+        """Mark payouts confirmed once `confirmations` deep on the canonical chain, failed if they reverted,
+        and send again those the node does not know. Returns {confirmed, failed, resent}."""
+        result = {'confirmed': 0, 'failed': 0, 'resent': 0}
+        pending = db.rows("SELECT id, tx_hash, raw_tx FROM payments WHERE status = 'pending' AND raw_tx IS NOT NULL "
+                          "ORDER BY nonce")
+        if not pending:
+            return result
+        try:
+            latest = self.chain.block_number()
+            self.fees = self.chain.fee_caps()
+        except VerificationError:
+            return result
+        for payment in pending:
+            try:
+                receipt = self.chain.receipt(payment['tx_hash'])
+                if receipt is None:
+                    self.chain.send_raw(payment['raw_tx'])
+                    result['resent'] += 1
+                    continue
+                block = self.chain.block(receipt['blockNumber'])
+            except VerificationError:
+                return result
+            if receipt['status'] != 1:
+                status = 'failed'
+                log.error('payout %s reverted on chain (%s): the escrow wallet needs attention',
+                          payment['id'], payment['tx_hash'])
+            elif latest - receipt['blockNumber'] + 1 >= self.settings.confirmations and block and \
+                    block['hash'].lower() == receipt['blockHash'].lower():
+                status = 'confirmed'
+            else:
+                continue
+            with db.transaction():
+                db.execute("UPDATE payments SET status = :status WHERE id = :id AND status = 'pending'",
+                           {'status': status, 'id': payment['id']})
+            result[status] += 1
+        return result
+
+    def health(self):
+        try:
+            latest = self.quick.block_number()
+        except VerificationError:
+            latest = None
+        return {'chainId': self.settings.chain_id, 'latestBlock': latest, 'escrowAddress': self.escrow_address,
+                'usdcAddress': self.usdc, 'reachable': latest is not None}
 
 
 ###############################################################################
@@ -672,6 +863,34 @@ def finite_float(text):
     return value
 
 
+MAX_JSON_DEPTH = 32
+
+
+def nested_deeper_than(raw, limit):
+    """Do the JSON bytes nest arrays and objects more than `limit` deep? (Checked before parsing: a parser
+    recursing a million levels can exhaust the C stack, whatever the recursion limit says.)"""
+    if raw.count(b'[') + raw.count(b'{') <= limit:
+        return False
+    depth, in_string, escaped = 0, False, False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:          # backslash
+                escaped = True
+            elif byte == 0x22:          # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):      # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):      # ] }
+            depth -= 1
+    return False
+
+
 def read_json_body(optional=False):
     """The request body as a dict: 413 over 1 MiB, 400 unless it is one JSON object.
 
@@ -688,6 +907,8 @@ def read_json_body(optional=False):
         if optional:
             return {}
         raise InvalidJSON('The request body is empty; send a JSON object.')
+    if nested_deeper_than(raw, MAX_JSON_DEPTH):
+        raise InvalidJSON(f'The request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.')
     try:
         body = json.loads(raw, parse_constant=refuse_json_constant, parse_float=finite_float)
     except (ValueError, RecursionError):
@@ -796,11 +1017,18 @@ def read_url(value):
     return value.strip()
 
 
+NAT64_PREFIX = ipaddress.ip_network('64:ff9b::/96')
+
+
 def is_public_address(address):
     """Is an IP address one a webhook may reach (not loopback, private, link-local, multicast, reserved)?"""
     ip = ipaddress.ip_address(address.split('%')[0])
-    if ip.version == 6 and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
+    if ip.version == 6:
+        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo and ip.teredo[1])
+        if ip in NAT64_PREFIX:
+            embedded = ipaddress.ip_address(int(ip) & 0xFFFFFFFF)
+        if embedded:                    # an IPv4 address inside an IPv6 one is judged as itself
+            return is_public_address(str(embedded)) and ip.is_global
     return ip.is_global and not ip.is_multicast
 
 
@@ -1178,7 +1406,7 @@ def agents_wanting(db, job):
         categories, ceiling = capabilities.get('categories'), capabilities.get('maxJobValue')
         currencies = pricing.get('acceptedCurrencies')
         if ((not categories or job['category'] in categories)
-                and (ceiling is None or job['amount_cents'] <= ceiling * 100)
+                and (ceiling is None or job['amount_cents'] <= Decimal(str(ceiling)) * 100)
                 and (not currencies or job['currency'] in currencies)):
             wanted.append(agent['id'])
     return wanted
@@ -1253,10 +1481,12 @@ def read_job_body(body, account):
     return job
 
 
-def create_job(db, settings, fields):
-    """Create an open job and lock its full price in escrow, in one transaction."""
+def create_job(db, settings, fields, funding=None):
+    """Create an open job and lock its price in escrow, in one transaction. On chain, `funding` is the checked
+    transfer {tx_hash, payer, to, amount}: its hash is used up here, and its payer gets any refunds."""
     moment = now_iso()
-    job = dict(fields, id=new_id(), status='open', escrow_status='locked', escrow_tx_hash=None,
+    job = dict(fields, id=new_id(), status='open', escrow_status='locked',
+               escrow_tx_hash=funding and funding['tx_hash'], refund_address=funding and funding['payer'],
                requirements=json.dumps(fields['requirements']),
                acceptance_criteria=json.dumps(fields['acceptance_criteria']),
                created_at=moment, updated_at=moment)
@@ -1265,7 +1495,11 @@ def create_job(db, settings, fields):
             raise ValidationFailed('The requester does not exist.',
                                    fields={'requesterId': 'no account has this id'})
         db.insert('jobs', job)
-        lock_escrow(db, job)
+        if funding:
+            db.insert('used_payments', {'chain_id': settings.chain_id, 'tx_hash': funding['tx_hash'],
+                                        'purpose': 'escrow', 'account_id': job['requester_id'],
+                                        'job_id': job['id'], 'created_at': moment})
+        lock_escrow(db, job, funding)
         queue_event(db, settings, 'job.new', job['id'], agents_wanting(db, job))
     return get_job(db, job['id'])
 
@@ -1339,9 +1573,9 @@ def set_claim_status(db, claim_id, status, **extra):
                dict(extra, status=status, now=now_iso(), id=claim_id))
 
 
-def finish_job(db, job, unpaid_status):
+def finish_job(db, settings, job, unpaid_status):
     """End a job: refund what its escrow still holds; `completed` if anyone was paid, else unpaid_status."""
-    refund = refund_escrow(db, job)
+    refund = refund_escrow(db, settings, job)
     paid = paid_claims(db, job['id'])
     set_job_status(db, job['id'], 'completed' if paid else unpaid_status, 'released' if paid else 'refunded')
     return refund
@@ -1433,9 +1667,9 @@ def approve_claim(db, settings, job, claim, *, auto=False, rule='approved', reas
     if job['competition_mode'] != 'all-paid' or paid_claims(db, job['id']) >= job['max_workers']:
         db.execute('''UPDATE claims SET status = 'superseded', updated_at = :now WHERE job_id = :id
                       AND status IN ('claimed', 'delivered')''', {'id': job['id'], 'now': now_iso()})
-        finish_job(db, job, 'completed')
+        finish_job(db, settings, job, 'completed')
     else:
-        refresh_multi_worker_job(db, job, 'completed')
+        refresh_multi_worker_job(db, settings, job, 'completed')
     holders = claim_holders(db, job['id'])
     queue_event(db, settings, 'payment.released', job['id'], holders, agent_id=agent['id'],
                 amount=format_units(release['amount'], job['currency']), tx_hash=release['tx_hash'])
@@ -1443,16 +1677,16 @@ def approve_claim(db, settings, job, claim, *, auto=False, rule='approved', reas
         queue_event(db, settings, 'job.completed', job['id'], holders, agent_id=agent['id'])
 
 
-def refresh_multi_worker_job(db, job, unpaid_status):
+def refresh_multi_worker_job(db, settings, job, unpaid_status):
     """After one claim of a multi-worker job ends: past the deadline with no active claim left the
     job ends now (as the expiry sweep would end it), otherwise its status follows its claims."""
     if job['deadline'] <= now_iso() and not active_claims(db, job['id']):
-        finish_job(db, job, unpaid_status)
+        finish_job(db, settings, job, unpaid_status)
     else:
         set_job_status(db, job['id'], live_job_status(db, job))
 
 
-def reject_claim(db, job, claim, *, rule='rejected', unpaid_status='rejected', reason=None):
+def reject_claim(db, settings, job, claim, *, rule='rejected', unpaid_status='rejected', reason=None):
     """Refuse a delivered (or disputed) claim.
 
     A single-worker job ends (`unpaid_status`, escrow refunded). A multi-worker job frees the slot and
@@ -1461,9 +1695,9 @@ def reject_claim(db, job, claim, *, rule='rejected', unpaid_status='rejected', r
     set_claim_status(db, claim['id'], 'rejected', verified_at=now_iso(), verification_reason=reason)
     adjust_reputation(db, claim['agent_id'], *REPUTATION[rule], job['id'], claim['id'])
     if job['max_workers'] == 1:
-        finish_job(db, job, unpaid_status)
+        finish_job(db, settings, job, unpaid_status)
     else:
-        refresh_multi_worker_job(db, job, unpaid_status)
+        refresh_multi_worker_job(db, settings, job, unpaid_status)
 
 
 def verify_claim(db, settings, job_id, claim_id, approved, account, reason=None):
@@ -1479,7 +1713,7 @@ def verify_claim(db, settings, job_id, claim_id, approved, account, reason=None)
         if approved:
             approve_claim(db, settings, job, claim, reason=reason)
         else:
-            reject_claim(db, job, claim, reason=reason)
+            reject_claim(db, settings, job, claim, reason=reason)
         payments = new_payments(db, job_id, before)
     return get_job(db, job_id), get_claim(db, job_id, claim_id), payments
 
@@ -1490,7 +1724,7 @@ def new_payments(db, job_id, after_seq):
                    {'id': job_id, 'after': after_seq or 0})
 
 
-def cancel_job(db, job_id, account):
+def cancel_job(db, settings, job_id, account):
     """Cancel a job nobody holds a claim on, refunding its escrow."""
     with db.transaction():
         job = get_job(db, job_id)
@@ -1499,7 +1733,7 @@ def cancel_job(db, job_id, account):
             raise Conflict(f'The job is {job["status"]} with {job["claim_count"]} active claim(s); only an '
                            'open job with no active claim and nothing paid can be cancelled.',
                            code='job_not_open')
-        finish_job(db, job, 'cancelled')
+        finish_job(db, settings, job, 'cancelled')
     return get_job(db, job_id)
 
 
@@ -1664,7 +1898,7 @@ def decide_dispute(db, settings, dispute, outcome, resolution, resolved_by):
     if outcome == 'worker':
         approve_claim(db, settings, job, claim, rule='dispute_won')
     else:
-        reject_claim(db, job, claim, rule='dispute_lost', unpaid_status='refunded')
+        reject_claim(db, settings, job, claim, rule='dispute_lost', unpaid_status='refunded')
     db.execute('''UPDATE disputes SET status = 'resolved', outcome = :outcome, resolution = :resolution,
                   resolved_by = :by, resolved_at = :now WHERE id = :id''',
                {'outcome': outcome, 'resolution': resolution, 'by': resolved_by, 'now': now_iso(),
@@ -1817,7 +2051,7 @@ def expire_overdue_jobs(db, settings):
                 if stale:     # a job left waiting changes only when some of its claims expired
                     set_job_status(db, job_id, live_job_status(db, job))
                 continue
-            if finish_job(db, job, 'expired'):
+            if finish_job(db, settings, job, 'expired'):
                 result['refunded'] += 1
             ended = db.value('SELECT status FROM jobs WHERE id = :id', {'id': job_id})
             queue_event(db, settings, 'job.expired' if ended == 'expired' else 'job.completed', job_id,
@@ -1853,8 +2087,13 @@ def auto_verify_deliveries(db, settings):
 
 
 def run_sweeps(db, settings):
-    """Both sweeps once: expiry first, so that an overdue job with nothing delivered cannot be approved."""
-    return {'expire': expire_overdue_jobs(db, settings), 'autoVerify': auto_verify_deliveries(db, settings)}
+    """Both sweeps once (expiry first, so that an overdue job with nothing delivered cannot be approved);
+    on chain, then send the new payouts and confirm the pending ones."""
+    result = {'expire': expire_overdue_jobs(db, settings), 'autoVerify': auto_verify_deliveries(db, settings)}
+    if settings.onchain:
+        settings.onchain.broadcast(db)
+        result['payouts'] = settings.onchain.confirm(db)
+    return result
 
 
 ###############################################################################
@@ -2176,7 +2415,7 @@ def chat_message(body, webhook_format):
         def escape(text):
             return text.replace('&', '&amp;').replace('<', '&lt;').replace('>', '&gt;')
         link = f'<{url}|{escape(title)}>' if url else escape(title)
-        return {'text': f'{headline}: {title} ({terms})' + (f' {url}' if url else ''),
+        return {'text': f'{headline}: {escape(title)} ({escape(terms)})' + (f' {url}' if url else ''),
                 'blocks': [{'type': 'section', 'text': {'type': 'mrkdwn', 'text': f'*{headline}*: {link}\n{escape(terms)}'}}]}
     if webhook_format == 'discord':
         embed = {'title': title[:256], 'description': f'{headline} · {terms}'[:4096]}
@@ -2262,7 +2501,7 @@ def deliver_webhook(db, settings, session, delivery_id):
         elif outcome['error'] != 'the agent has no live webhook' and attempts < WEBHOOK_ATTEMPTS:
             wait = settings.webhook_retry_base * WEBHOOK_RETRY_FACTOR ** (attempts - 1)
             wait *= secrets.SystemRandom().uniform(0.8, 1.2)       # jitter: receivers coming back are not stampeded
-            if code in (429, 503) and outcome.get('retryAfter') is not None:
+            if (code == 429 or (code or 0) >= 500) and outcome.get('retryAfter') is not None:
                 wait = max(wait, outcome['retryAfter'])
             changes.update(status='pending', next_attempt_at=iso(now() + timedelta(seconds=wait)))
         db.execute('''UPDATE webhook_deliveries SET status = :status, attempts = :attempts,
@@ -2273,14 +2512,16 @@ def deliver_webhook(db, settings, session, delivery_id):
 
 
 class WebhookWorker:
-    """Delivers the outbox: every quarter second it starts the due deliveries, at most 20 at a time, each in
-    its own greenlet, so a slow receiver delays only its own deliveries."""
+    """Delivers the outbox: every quarter second it starts the due deliveries, at most 20 at a time and 4 per
+    agent, each in its own greenlet, so a slow receiver delays only its own deliveries."""
 
-    def __init__(self, service, concurrency=20):
+    def __init__(self, service, concurrency=20, per_agent=4):
         import gevent.pool
         self.service = service
         self.pool = gevent.pool.Pool(concurrency)
+        self.per_agent = per_agent
         self.busy = set()
+        self.agents = {}      # agent id -> deliveries in flight
 
     def run(self):
         import gevent
@@ -2292,15 +2533,20 @@ class WebhookWorker:
             gevent.sleep(0.25)
 
     def start_due(self):
-        due = self.service.db.rows('''SELECT id FROM webhook_deliveries WHERE status = 'pending'
+        due = self.service.db.rows('''SELECT id, agent_id FROM webhook_deliveries WHERE status = 'pending'
                                        AND next_attempt_at <= :now ORDER BY next_attempt_at LIMIT 200''',
                                    {'now': now_iso()})
         for row in due:
-            if row['id'] not in self.busy and self.pool.free_count():
-                self.busy.add(row['id'])
-                self.pool.spawn(self.attempt, row['id'])
+            agent = row['agent_id']
+            if row['id'] in self.busy or self.agents.get(agent, 0) >= self.per_agent:
+                continue
+            if not self.pool.free_count():
+                return
+            self.busy.add(row['id'])
+            self.agents[agent] = self.agents.get(agent, 0) + 1
+            self.pool.spawn(self.attempt, row['id'], agent)
 
-    def attempt(self, delivery_id):
+    def attempt(self, delivery_id, agent_id):
         try:
             status = deliver_webhook(self.service.db, self.service.settings, self.service.webhooks, delivery_id)
             log.info('webhook %s: %s', delivery_id, status)
@@ -2308,6 +2554,9 @@ class WebhookWorker:
             log.exception('webhook %s failed', delivery_id)
         finally:
             self.busy.discard(delivery_id)
+            self.agents[agent_id] -= 1
+            if not self.agents[agent_id]:
+                del self.agents[agent_id]
 
     def stop(self):
         self.pool.kill(block=False)     # attempts cut short stay pending: sent again after a restart
@@ -2389,7 +2638,9 @@ def health():
     except apsw.Error:
         connected = False
     health = {'status': 'ok' if connected else 'unavailable', 'version': __version__,
-              'dbConnected': connected, 'payments': 'simulated'}
+              'dbConnected': connected, 'payments': 'onchain' if svc.settings.onchain else 'simulated'}
+    if svc.settings.onchain:
+        health['chain'] = svc.settings.onchain.health()
     if not connected:
         # The health shape, with the error fields too, for clients that read every 5xx as an error.
         response.status = 503
@@ -2496,8 +2747,9 @@ def patch_agent(agent_id):
     account = require_account()
     agent_id = parse_uuid(agent_id, 'agentId')
     svc = service()
-    changes = read_agent_body(read_json_body(), svc.settings, partial=True)
-    agent = owned_agent(agent_id, account, admin_too=False)
+    body = read_json_body()
+    agent = owned_agent(agent_id, account, admin_too=False)     # before the fields: no DNS look-up for strangers
+    changes = read_agent_body(body, svc.settings, partial=True)
     for column in ('capabilities', 'pricing'):
         if column in changes:
             changes[column] = json.dumps(changes[column])
@@ -2847,13 +3099,61 @@ def get_jobs():
     return {'jobs': [job_json(job, base) for job in jobs], 'total': total, 'limit': limit, 'offset': offset}
 
 
+_TX_HASH = re.compile(r'^0x[0-9a-fA-F]{64}$')
+
+
+def job_funded_by(db, settings, tx_hash, account):
+    """The job a funding hash already paid for, if this requester posted it; 409 payment_replayed if the
+    hash paid for anything else; None if it is unused."""
+    used = db.row('SELECT * FROM used_payments WHERE chain_id = :chain AND tx_hash = :hash',
+                  {'chain': settings.chain_id, 'hash': tx_hash})
+    if used is None:
+        return None
+    if used['purpose'] == 'escrow' and used['account_id'] == account['id']:
+        return get_job(db, used['job_id'])
+    raise Conflict('This transaction has paid for something else already.', code='payment_replayed')
+
+
+def create_funded_job(svc, fields, body, account):
+    """POST /api/jobs on rail base in onchain mode: check the funding transfer, then create the job.
+    Returns (job, created)."""
+    onchain, db = svc.settings.onchain, svc.db
+    amount = cents_to_units(fields['amount_cents'], fields['currency'])
+    tx_hash = body.get('escrowTxHash')
+    if tx_hash is None:
+        raise APIError('Fund the job first: send the USDC to payTo, then post again with escrowTxHash.',
+                       code='payment_required', status=402, extra={'paymentRequirements': onchain.requirements(amount)})
+    if not isinstance(tx_hash, str) or not _TX_HASH.match(tx_hash):
+        raise APIError('escrowTxHash must be a transaction hash: 0x and 64 hexadecimal digits.',
+                       code='payment_invalid', fields={'escrowTxHash': 'must be 0x and 64 hex digits'})
+    tx_hash = tx_hash.lower()
+    existing = job_funded_by(db, svc.settings, tx_hash, account)
+    if existing:
+        return existing, False
+    transfer = onchain.verify_funding(tx_hash, amount)        # network I/O, before any transaction
+    funding = {'tx_hash': tx_hash, 'payer': transfer.payer, 'to': transfer.recipient, 'amount': transfer.amount}
+    try:
+        return create_job(db, svc.settings, fields, funding), True
+    except apsw.ConstraintError:                               # the same hash, posted twice at once
+        existing = job_funded_by(db, svc.settings, tx_hash, account)
+        if existing:
+            return existing, False
+        raise
+
+
 @route('POST', '/api/jobs', limit='jobs_create')
 def post_job():
     account = require_account()
     svc = service()
-    job = create_job(svc.db, svc.settings, read_job_body(read_json_body(), account))
-    svc.hub.publish(job)      # committed: now the live streams may see it
-    response.status = 201
+    body = read_json_body()
+    fields = read_job_body(body, account)
+    if svc.settings.onchain and fields['rail'] == 'base':
+        job, created = create_funded_job(svc, fields, body, account)
+    else:
+        job, created = create_job(svc.db, svc.settings, fields), True
+    if created:
+        svc.hub.publish(job)      # committed: now the live streams may see it
+    response.status = 201 if created else 200
     return {'job': job_json(job, svc.settings.base_url)}
 
 
@@ -2925,7 +3225,7 @@ def post_cancel(job_id):
     account = require_account()
     read_json_body(optional=True)    # nothing to read, but a malformed body is still a 400
     svc = service()
-    job = cancel_job(svc.db, parse_uuid(job_id, 'jobId'), account)
+    job = cancel_job(svc.db, svc.settings, parse_uuid(job_id, 'jobId'), account)
     return {'job': job_json(job, svc.settings.base_url)}
 
 
@@ -3390,7 +3690,12 @@ API_SCHEMAS = {
         'status': {'type': 'integer', 'minimum': 400, 'maximum': 599},
         'fields': {'type': 'object', 'additionalProperties': {'type': 'string'},
                    'description': 'What is wrong with each field, for validation errors.'},
-    }, optional=['fields']),
+        'paymentRequirements': closed_object({
+            'payTo': ADDRESS_SCHEMA, 'amount': {'type': 'string', 'pattern': '^[0-9]+$',
+                                                'description': 'USDC base units (6 decimals).'},
+            'asset': ADDRESS_SCHEMA, 'network': {'type': 'string'}, 'chainId': {'type': 'integer'},
+        }, description='Only on 402 payment_required: what to send to fund the job.'),
+    }, optional=['fields', 'paymentRequirements']),
 
     # Request bodies (unknown fields are ignored; an optional field sent as null counts as absent)
     'JobCreate': {'type': 'object', 'required': ['title', 'description', 'category', 'paymentAmount', 'deadline'],
@@ -3411,6 +3716,8 @@ API_SCHEMAS = {
         'deadline': {'type': 'string', 'description': 'In the future; any ISO 8601 time, UTC when it has no offset.',
                      'examples': ['2026-12-01T00:00:00Z']},
         'verificationWindowHours': {'type': 'integer', 'minimum': 1, 'maximum': 720, 'default': 24},
+        'escrowTxHash': dict(TX_HASH_SCHEMA, description='Onchain mode, rail base: the USDC transfer that funds the '
+                                                       'job; ignored otherwise.'),
         'minReputation': {'type': ['number', 'string'], 'default': '0.00',
                           'description': 'Reputation an agent needs to claim, 0 to 1000000 (e.g. 10 or "10.00").'},
     }},
@@ -3488,7 +3795,11 @@ API_SCHEMAS = {
         'payments': {'type': 'string', 'enum': ['simulated', 'onchain']},
         'error': {'type': 'string', 'description': 'Only on the 503: what is wrong.'},
         'code': {'type': 'string', 'enum': ['unavailable'], 'description': 'Only on the 503.'},
-    }, optional=('error', 'code')),
+        'chain': closed_object({
+            'chainId': {'type': 'integer'}, 'latestBlock': nullable({'type': 'integer'}),
+            'escrowAddress': ADDRESS_SCHEMA, 'usdcAddress': ADDRESS_SCHEMA, 'reachable': {'type': 'boolean'},
+        }, description='Only in onchain mode: the node, as seen now, and the escrow wallet.'),
+    }, optional=('error', 'code', 'chain')),
     'Stats': closed_object({
         'totalJobs': COUNT_SCHEMA,
         'totalAgents': COUNT_SCHEMA,
@@ -3779,7 +4090,12 @@ API_OPERATIONS = {
         'ok': (200, 'JobList'), 'errors': (400, 429)},
     ('POST', '/api/jobs'): {
         'summary': 'Post a job and lock its payment in escrow', 'tags': ['Jobs'], 'auth': 'key',
-        'body': 'JobCreate', 'ok': (201, 'JobResult'), 'errors': (400, 401, 403, 413, 429)},
+        'body': 'JobCreate', 'ok': (201, 'JobResult'), 'errors': (400, 401, 402, 403, 409, 413, 429, 503),
+        'also': {200: ('JobResult', 'On chain: the job this escrowTxHash already funded for this requester.')},
+        'description': 'In onchain mode a job on rail base needs `escrowTxHash`, a USDC transfer to the escrow '
+                       'address for at least paymentAmount: 402 `payment_required` (with paymentRequirements), '
+                       '`payment_pending` (with Retry-After) or another payment code when it does not check out; '
+                       '409 `payment_replayed` when the hash paid for something else; 503 `chain_unavailable`.'},
     ('GET', '/api/jobs/search'): {
         'summary': 'Full-text search over job titles and descriptions', 'tags': ['Discovery', 'Jobs'],
         'query': [{'name': 'q', 'schema': {'type': 'string', 'maxLength': 500},
@@ -3915,8 +4231,11 @@ ERROR_RESPONSES = {
     403: ('Forbidden', 'The key may not do this.', ()),
     404: ('NotFound', 'No such resource (or no such endpoint).', ()),
     405: ('MethodNotAllowed', 'The path does not take this method; `Allow` lists those it takes.', ('Allow',)),
+    402: ('PaymentRequired', 'A payment is missing or does not check out; `code` names the failed check.',
+          ('Retry-After',)),
     409: ('Conflict', 'The resource is not in a state that allows this.', ()),
     413: ('BodyTooLarge', 'The request body is over 1 MiB.', ()),
+    503: ('Unavailable', 'The blockchain node (or the database) cannot answer now; retry later.', ('Retry-After',)),
     429: ('RateLimited', 'Too many requests from this IP in this hour (admin keys are exempt).',
           ('Retry-After', 'X-RateLimit-Limit', 'X-RateLimit-Remaining', 'X-RateLimit-Reset')),
 }
@@ -4056,6 +4375,18 @@ class Service:
         self.hub = StreamHub(settings.base_url)
         self.webhooks = webhook_session(settings.allow_private_webhooks)
         self.openapi = openapi_document(settings.base_url)    # a route without documentation fails here
+        self.background = False     # True under the server: network work then runs in its own greenlet
+        if settings.rpc_url:
+            settings.onchain = OnChain(settings)
+            settings.onchain.start(self.db)
+
+    def broadcast_payouts(self):
+        """Send the payouts just committed (under the server without holding up the answer)."""
+        if self.background:
+            import gevent
+            gevent.spawn(self.settings.onchain.broadcast, self.db)
+        else:
+            self.settings.onchain.broadcast(self.db)
 
     def close(self):
         self.db.close()
@@ -4088,10 +4419,14 @@ def make_app(settings):
                 result = handler(**params)
             except APIError as error:
                 return send_error(error)
+            except VerificationError as error:
+                return send_error(payment_error(error))
             except apsw.BusyError:
                 log.warning('database busy: %s %s', request.method, request.path)
                 return send_error(Unavailable('The database is busy; retry in a moment.',
                                               headers={'Retry-After': '1'}))
+            if request.method != 'GET' and settings.onchain:
+                app.service.broadcast_payouts()
             if isinstance(result, dict):
                 response.content_type = JSON_TYPE
                 return json_bytes(result)
@@ -4278,6 +4613,7 @@ def serve(settings):
     """Serve until SIGTERM or SIGINT, then finish requests in flight and return (exit 0)."""
     import gevent
     app = make_app(settings)
+    app.service.background = True
     server = make_server(app, settings)
 
     def stop(signum):
@@ -4337,6 +4673,14 @@ def main(argv=None):
         except ValueError as exc:
             parser.error(str(exc))
         return 0
+    if args.command == 'sweep':
+        try:
+            svc = Service(settings)
+        except ValueError as exc:
+            parser.error(str(exc))
+        print(json.dumps(run_sweeps(svc.db, svc.settings), indent=2))
+        svc.close()
+        return 0
     if args.command == 'seed':
         try:
             seed(settings, args.fixtures)
@@ -4349,8 +4693,6 @@ def main(argv=None):
     if args.command == 'backup':
         db.backup(args.path)
         print(f'Backed up {settings.db} to {args.path}')
-    elif args.command == 'sweep':
-        print(json.dumps(run_sweeps(db, settings), indent=2))
     elif args.command == 'check-ledger':
         problems = ledger_problems(db)
         print('\n'.join(problems) if problems else 'The ledger balances.')

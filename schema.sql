@@ -73,7 +73,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     verification_window_hours INTEGER NOT NULL DEFAULT 24,
     min_reputation            INTEGER NOT NULL DEFAULT 0,   -- hundredths
     escrow_status             TEXT NOT NULL CHECK (escrow_status IN ('locked', 'released', 'refunded')),
-    escrow_tx_hash            TEXT,
+    escrow_tx_hash            TEXT,                         -- on chain: the funding transfer
+    refund_address            TEXT,                         -- on chain: who funded it, and gets refunds
     created_at                TEXT NOT NULL,
     updated_at                TEXT NOT NULL
 );
@@ -128,8 +129,12 @@ CREATE TABLE IF NOT EXISTS payments (
     status      TEXT NOT NULL,                  -- simulated | pending | confirmed | failed
     recipient   TEXT,
     tx_hash     TEXT,
+    raw_tx      TEXT,                           -- on chain: the signed transfer, stored before it is sent
+    nonce       INTEGER,                        -- on chain: its nonce (one per payout, never reused)
+    broadcast_at TEXT,                          -- on chain: when the node first took it
     created_at  TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS payments_pending ON payments(status) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS payments_job ON payments(job_id, created_at);
 
 -- Ledger accounts: 'funding:<account id>' (where a requester's money comes from and returns to),
@@ -184,6 +189,23 @@ CREATE TABLE IF NOT EXISTS votes (
     UNIQUE (dispute_id, arbitrator_id)
 );
 CREATE INDEX IF NOT EXISTS votes_arbitrator ON votes(arbitrator_id);
+
+-- Every on-chain payment the service accepted: a transaction hash pays for one thing only, ever.
+CREATE TABLE IF NOT EXISTS used_payments (
+    chain_id    INTEGER NOT NULL,
+    tx_hash     TEXT NOT NULL,                  -- lowercase
+    purpose     TEXT NOT NULL CHECK (purpose IN ('escrow', 'x402')),
+    account_id  TEXT REFERENCES accounts(id),
+    job_id      TEXT REFERENCES jobs(id),
+    created_at  TEXT NOT NULL,
+    PRIMARY KEY (chain_id, tx_hash)
+);
+
+-- Small counters: 'next_nonce' of the escrow wallet, allocated one payout at a time.
+CREATE TABLE IF NOT EXISTS chain_state (
+    name   TEXT PRIMARY KEY,
+    value  INTEGER NOT NULL
+);
 
 -- The webhook outbox: each event is written in the transaction of the change that causes it, then a
 -- background greenlet delivers it (at least once). The id is the X-Service-Delivery / webhook-id header.

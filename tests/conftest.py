@@ -319,3 +319,32 @@ def receiver():
     server = Receiver()
     yield server
     server.close()
+
+
+@pytest.fixture(scope='session')
+def anvil():
+    """One local EVM for the whole session (tests/chain.py): anvil on 127.0.0.1, chain id 8453, with
+    TestUSDC's code at the Base USDC address and at chain.OTHER_TOKEN. Started on first use. Tests
+    that change the chain should use `usdc`, which puts the chain back as it was after each test."""
+    import chain  # web3 loads only when a test needs the chain
+    if chain.anvil_binary() is None:
+        pytest.skip(f'anvil is not installed ({chain.ANVIL} is missing): run `make test`, which installs it '
+                    'with npm install from package-lock.json')
+    node = chain.Anvil().start()
+    try:
+        node.install_token(chain.USDC)
+        node.install_token(chain.OTHER_TOKEN)
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture
+def usdc(anvil):
+    """The TestUSDC contract (web3) at the Base USDC address; every change to the chain made during
+    the test (blocks, balances, time, code) is reverted after it."""
+    import chain
+    snapshot = anvil.snapshot()
+    yield anvil.token(chain.USDC)
+    anvil.automine(True)
+    anvil.revert(snapshot)

@@ -6,10 +6,13 @@ hidden retries.
 """
 
 import logging
+import sys
 import time
 
-from web3 import HTTPProvider, Web3
-from web3.exceptions import BlockNotFound, TransactionNotFound
+_recursion_limit = sys.getrecursionlimit()
+from web3 import HTTPProvider, Web3  # noqa: E402
+from web3.exceptions import BlockNotFound, TransactionNotFound  # noqa: E402
+sys.setrecursionlimit(_recursion_limit)     # importing web3 raises it to 100000: deep input could then crash us
 
 from verifier.checks import (Transfer, check_canonical, check_chain_id, check_confirmations, check_fresh,
                              check_usdc_transfer, checksummed)
