@@ -775,8 +775,9 @@ class OnChain:
         """Mark payouts confirmed once `confirmations` deep on the canonical chain, failed if they reverted,
         and send again those the node does not know. Returns {confirmed, failed, resent}."""
         result = {'confirmed': 0, 'failed': 0, 'resent': 0}
-        pending = db.rows("SELECT id, tx_hash, raw_tx FROM payments WHERE status = 'pending' AND raw_tx IS NOT NULL "
-                          "ORDER BY nonce")
+        pending = db.rows("SELECT id, tx_hash, raw_tx, broadcast_at FROM payments WHERE status = 'pending' "
+                          "AND raw_tx IS NOT NULL ORDER BY nonce")
+        recently = iso(now() - timedelta(seconds=30))
         if not pending:
             return result
         try:
@@ -788,8 +789,9 @@ class OnChain:
             try:
                 receipt = self.chain.receipt(payment['tx_hash'])
                 if receipt is None:
-                    self.chain.send_raw(payment['raw_tx'])
-                    result['resent'] += 1
+                    if payment['broadcast_at'] is None or payment['broadcast_at'] < recently:
+                        self.chain.send_raw(payment['raw_tx'])      # the node lost it, or never had it
+                        result['resent'] += 1
                     continue
                 block = self.chain.block(receipt['blockNumber'])
             except VerificationError:

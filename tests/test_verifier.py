@@ -14,17 +14,16 @@ import requests
 import responses
 
 # web3 and eth_account come through chain.py, which keeps the recursion limit as it was (see there).
-from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, Account  # noqa: I100
+from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, Account
+from eth_account.typed_transactions import TypedTransaction
+from eth_utils import keccak
+from hexbytes import HexBytes
 
-from eth_account.typed_transactions import TypedTransaction  # noqa: E402
-from eth_utils import keccak  # noqa: E402
-from hexbytes import HexBytes  # noqa: E402
-
-from verifier.chain import Chain, plain_receipt  # noqa: E402
-from verifier.checks import (TRANSFER_TOPIC, Transfer, check_canonical, check_chain_id, check_confirmations,  # noqa: E402
+from verifier.chain import Chain, plain_receipt
+from verifier.checks import (TRANSFER_TOPIC, Transfer, check_canonical, check_chain_id, check_confirmations,
                              check_fresh, check_succeeded, check_usdc_transfer, usdc_transfers)
-from verifier.errors import ChainUnavailable, VerificationError  # noqa: E402
-from verifier.payouts import TRANSFER, TRANSFER_GAS, escrow_address, sign_usdc_transfer  # noqa: E402
+from verifier.errors import ChainUnavailable, VerificationError
+from verifier.payouts import TRANSFER, TRANSFER_GAS, escrow_address, sign_usdc_transfer
 
 NODE_URL = 'http://node.test/'
 ESCROW_KEY = DEV_KEYS[0]
@@ -708,7 +707,8 @@ def test_send_raw_treats_already_known_and_nonce_too_low_as_taken(node, chain, m
     assert node.count('eth_sendRawTransaction') == 1
 
 
-@pytest.mark.parametrize('message', ['insufficient funds for gas * price + value', 'replacement transaction underpriced'])
+@pytest.mark.parametrize('message', ['insufficient funds for gas * price + value',
+                                     'replacement transaction underpriced'])
 def test_send_raw_refused_is_chain_unavailable_without_retries(node, chain, message):
     node.send_error = message
     with pytest.raises(Exception) as raised:

@@ -61,10 +61,10 @@ class Chain:
             raise ChainUnavailable(f'The blockchain node did not answer {what} ({type(exc).__name__}).') from None
 
     def chain_id(self):
-        return int(self._ask('eth_chainId', lambda: self.w3.eth.chain_id))
+        return self._ask('eth_chainId', lambda: int(self.w3.eth.chain_id))
 
     def block_number(self):
-        return int(self._ask('eth_blockNumber', lambda: self.w3.eth.block_number))
+        return self._ask('eth_blockNumber', lambda: int(self.w3.eth.block_number))
 
     def block(self, number='latest'):
         """{number, hash, timestamp, baseFeePerGas} of a block, or None if there is none."""
@@ -72,8 +72,11 @@ class Chain:
             block = self._ask('eth_getBlockByNumber', self.w3.eth.get_block, number)
         except BlockNotFound:
             return None
-        return {'number': int(block['number']), 'hash': _hex(block['hash']), 'timestamp': int(block['timestamp']),
-                'baseFeePerGas': int(block.get('baseFeePerGas') or 0)}
+        try:
+            return {'number': int(block['number']), 'hash': _hex(block['hash']), 'timestamp': int(block['timestamp']),
+                    'baseFeePerGas': int(block.get('baseFeePerGas') or 0)}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ChainUnavailable(f'The node answered a malformed block ({exc!r}).') from None
 
     def receipt(self, tx_hash):
         """The transaction's receipt as a plain dict, or None while it is unknown or not mined."""
@@ -98,12 +101,12 @@ class Chain:
 
     def nonce(self, address):
         """The next nonce of an address, counting its pending transactions."""
-        return int(self._ask('eth_getTransactionCount', self.w3.eth.get_transaction_count,
-                             checksummed(address), 'pending'))
+        address = checksummed(address)
+        return self._ask('eth_getTransactionCount', lambda: int(self.w3.eth.get_transaction_count(address, 'pending')))
 
     def fee_caps(self):
         """(maxFeePerGas, maxPriorityFeePerGas) for an EIP-1559 transaction now: twice the base fee plus the tip."""
-        tip = int(self._ask('eth_maxPriorityFeePerGas', lambda: self.w3.eth.max_priority_fee))
+        tip = self._ask('eth_maxPriorityFeePerGas', lambda: int(self.w3.eth.max_priority_fee))
         base = (self.block('latest') or {}).get('baseFeePerGas', 0)
         return 2 * base + tip, tip
 

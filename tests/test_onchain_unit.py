@@ -1,0 +1,581 @@
+"""The service in onchain mode (CONTRACT.md 7, README "USDC on Base: onchain mode"), in-process, against a
+fake JSON-RPC node served by `responses` (test_verifier.FakeNode): nothing leaves the process.
+
+Funding (POST /api/jobs on rail base with escrowTxHash), payouts and refunds signed with the escrow key,
+broadcast after the commit, and confirmed, re-sent or failed by the sweep. The ledger must balance after
+every test (the `started` fixture checks mp.ledger_problems of every app it built when the test ends).
+"""
+
+import re
+import time
+from decimal import Decimal
+
+import pytest
+import requests
+import responses
+
+# eth_account through chain.py first: it keeps the recursion limit as it was (see there).
+from chain import Account
+from eth_utils import keccak
+from hexbytes import HexBytes
+
+import marketplace as mp
+from conftest import ADMIN_KEY, Client, Market, assert_error, job_body, make_account, make_agent
+from test_verifier import (BASE_CHAIN, ESCROW, ESCROW_KEY, NODE_URL, OTHER_TOKEN, PAYER, SOMEONE, USDC, FakeNode,
+                           block_hash_of, decode, make_receipt, transfer_data, tx_hash_of)
+from verifier.errors import ChainUnavailable, VerificationError
+
+TX_HASH = re.compile(r'^0x[0-9a-f]{64}$')
+NODE_NONCE = 7          # the escrow wallet's next nonce, as the fake node reports it
+
+
+def onchain_settings(tmp_path, **overrides):
+    values = dict(db=str(tmp_path / 'onchain.db'), rate_limits='off', admin_key=ADMIN_KEY,
+                  public_url='http://market.test', allow_private_webhooks=True, rpc_url=NODE_URL,
+                  chain_id=BASE_CHAIN, escrow_key=ESCROW_KEY, confirmations=2)
+    values.update(overrides)
+    return mp.Settings(**values)
+
+
+@pytest.fixture
+def node():
+    """The fake node at NODE_URL, inside a RequestsMock: any other HTTP request fails."""
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
+        yield FakeNode(nonce=NODE_NONCE).install(mock)
+
+
+@pytest.fixture
+def started(tmp_path, node):
+    """A function that builds the onchain app (settings overridable); each app's ledger must balance after."""
+    apps = []
+
+    def start(**overrides):
+        app = mp.make_app(onchain_settings(tmp_path, **overrides))
+        apps.append(app)
+        return app
+    yield start
+    for app in apps:
+        problems = mp.ledger_problems(app.service.db)
+        app.service.close()
+        assert problems == []
+
+
+@pytest.fixture
+def app(started):
+    return started()
+
+
+@pytest.fixture
+def client(app):
+    return Client(app)
+
+
+@pytest.fixture
+def market(client):
+    return Market(client)
+
+
+def db_of(market):
+    return market.client.app.service.db
+
+
+def post_job(market, tx_hash=None, key=None, **overrides):
+    body = job_body(**overrides)
+    if tx_hash is not None:
+        body['escrowTxHash'] = tx_hash
+    return market.client.post('/api/jobs', body, key=key or market.requester_key)
+
+
+def funded_job(market, node, amount=25_000_000, **overrides):
+    """An open job on rail base funded on chain by PAYER with `amount` base units."""
+    answer = post_job(market, node.pay(amount), **overrides)
+    assert answer.status == 201, answer
+    return answer.json['job']
+
+
+def count_jobs(market):
+    return db_of(market).value('SELECT count(*) FROM jobs')
+
+
+def stored(market, tx_hash):
+    return db_of(market).row('SELECT * FROM payments WHERE tx_hash = :hash', {'hash': tx_hash})
+
+
+def by_type(payments, kind):
+    found = [p for p in payments if p['type'] == kind]
+    assert len(found) == 1, payments
+    return found[0]
+
+
+def approve(market, job):
+    """Claim, deliver and approve: the verify answer."""
+    claim = market.deliver(job, market.claim(job))
+    answer = market.verify(job, claim, True)
+    assert answer.status == 200, answer
+    return answer.json
+
+
+def assert_pays(raw, to, amount, nonce):
+    """A raw transaction: a USDC transfer signed by the escrow key on Base paying `to` `amount`."""
+    assert Account.recover_transaction(raw) == ESCROW
+    tx = decode(raw)
+    assert (tx['type'], tx['chainId'], tx['nonce'], tx['value']) == (2, BASE_CHAIN, nonce, 0)
+    assert tx['to'].hex() == USDC[2:].lower()
+    assert '0x' + tx['data'].hex() == transfer_data(to, amount)
+
+
+# ----- start and health -----
+
+def test_a_node_on_another_chain_refuses_to_start(tmp_path, node):
+    node.chain_id = 1
+    with pytest.raises(ValueError) as raised:
+        mp.make_app(onchain_settings(tmp_path))
+    assert 'chain 1' in str(raised.value) and '8453' in str(raised.value)
+    assert node.methods() == ['eth_chainId']
+
+
+def test_an_unreachable_node_does_not_stop_the_start_and_health_says_so(tmp_path, node, started):
+    node.fail = requests.exceptions.ConnectionError('connection refused')
+    app = started()
+    answer = Client(app).get('/api/health')
+    assert answer.status == 200, answer
+    assert answer.json['status'] == 'ok'
+    assert answer.json['payments'] == 'onchain'
+    assert answer.json['chain'] == {'chainId': 8453, 'latestBlock': None, 'escrowAddress': ESCROW,
+                                    'usdcAddress': USDC, 'reachable': False}
+
+
+def test_a_reachable_node_shows_its_latest_block(node, client):
+    node.latest = 4321
+    answer = client.get('/api/health')
+    assert answer.status == 200, answer
+    assert answer.json['payments'] == 'onchain'
+    assert answer.json['chain'] == {'chainId': 8453, 'latestBlock': 4321, 'escrowAddress': ESCROW,
+                                    'usdcAddress': USDC, 'reachable': True}
+    # at start: the chain id, then the escrow wallet's nonce and the fees
+    assert node.calls[0] == ('eth_chainId', [])
+    assert ('eth_getTransactionCount', [ESCROW, 'pending']) in node.calls
+
+
+def null_answers(node, *methods):
+    """The node answers `result: null` (not a number, not an answer) to these methods."""
+    for method in methods:
+        node.answers[method] = lambda params: (200, {}, '{"jsonrpc": "2.0", "id": 0, "result": null}')
+
+
+def test_a_node_answering_nonsense_at_start_is_unreachable_not_a_crash(node, started):
+    """CONTRACT.md 7: a node that gives no answer (`result: null` for its chain id) is no reason not to
+    start, and not a TypeError out of make_app."""
+    null_answers(node, 'eth_chainId')
+    client = Client(started())
+    health = client.get('/api/health')
+    assert health.status == 200, health
+    assert health.json['payments'] == 'onchain'
+
+
+def test_a_node_answering_nonsense_is_unreachable_in_health_and_503_for_payments(node, market):
+    """`result: null` for eth_blockNumber: health says unreachable (not a 500), and a funding that needs the
+    block number answers 503 chain_unavailable (never 500)."""
+    tx_hash = node.pay(25_000_000)
+    null_answers(node, 'eth_blockNumber')
+    health = market.client.get('/api/health')
+    assert health.status == 200, health
+    assert (health.json['chain']['reachable'], health.json['chain']['latestBlock']) == (False, None)
+    assert_error(post_job(market, tx_hash), 503, 'chain_unavailable')
+    assert count_jobs(market) == 0
+
+
+@pytest.mark.parametrize('code, status', [
+    ('payment_required', 402), ('payment_invalid', 400), ('payment_not_found', 402), ('payment_reverted', 402),
+    ('payment_wrong_chain', 402), ('payment_wrong_token', 402), ('payment_wrong_recipient', 402),
+    ('payment_wrong_payer', 402), ('payment_insufficient', 402), ('payment_pending', 402),
+    ('payment_reorged', 402), ('payment_expired', 402), ('payment_signature_invalid', 402),
+    ('payment_replayed', 409), ('chain_unavailable', 503)])
+def test_payment_error_statuses(code, status):
+    error = mp.payment_error(VerificationError('It did not check out.', code))
+    assert (error.status, error.code, error.message) == (status, code, 'It did not check out.')
+    assert error.body() == {'error': 'It did not check out.', 'code': code, 'status': status}
+    assert error.headers == ({'Retry-After': '5'} if code == 'chain_unavailable' else {})
+
+
+def test_payment_error_retry_after():
+    assert mp.payment_error(VerificationError('wait', 'payment_pending', retry_after=4)).headers == {'Retry-After': '4'}
+    assert mp.payment_error(ChainUnavailable('down')).headers == {'Retry-After': '5'}
+    assert mp.payment_error(ChainUnavailable('down')).status == 503
+
+
+def test_sync_keeps_the_higher_of_the_stored_and_the_nodes_nonce(market, node):
+    onchain, db = market.client.app.service.settings.onchain, db_of(market)
+    next_nonce = "SELECT value FROM chain_state WHERE name = 'next_nonce'"
+    assert db.value(next_nonce) == NODE_NONCE
+    node.nonce = 3                         # the node lags (or forgot what we signed): never go back
+    onchain.sync(db)
+    assert db.value(next_nonce) == NODE_NONCE
+    node.nonce = 12                        # the wallet was used elsewhere: skip ahead
+    onchain.sync(db)
+    assert db.value(next_nonce) == 12
+    release = by_type(approve(market, funded_job(market, node))['payments'], 'release')
+    assert stored(market, release['txHash'])['nonce'] == 12
+    assert decode(node.sent[-1])['nonce'] == 12
+
+
+# ----- funding a job -----
+
+def test_a_base_job_without_escrow_tx_hash_gets_402_payment_required(market, node):
+    answer = post_job(market)
+    body = assert_error(answer, 402, 'payment_required')
+    assert body['paymentRequirements'] == {'payTo': ESCROW, 'amount': '25000000', 'asset': USDC,
+                                           'network': 'base', 'chainId': 8453}
+    assert post_job(market, paymentAmount='0.01').json['paymentRequirements']['amount'] == '10000'
+    assert count_jobs(market) == 0
+    assert node.count('eth_getTransactionReceipt') == 0
+
+
+@pytest.mark.parametrize('bad', ['0x1234', 'a' * 64, '0x' + 'g' * 64, '0x' + 'a' * 65, 12, ['0x' + 'a' * 64], ''])
+def test_a_malformed_escrow_tx_hash_is_400_payment_invalid(market, node, bad):
+    assert_error(post_job(market, bad), 400, 'payment_invalid', fields=['escrowTxHash'])
+    assert count_jobs(market) == 0
+    assert node.count('eth_getTransactionReceipt') == 0
+
+
+def test_a_good_funding_transfer_opens_the_job(market, node):
+    tx_hash = node.pay(25_000_000)
+    answer = post_job(market, tx_hash)
+    assert answer.status == 201, answer
+    job = answer.json['job']
+    assert (job['status'], job['escrowStatus'], job['escrowTxHash']) == ('open', 'locked', tx_hash)
+    assert (job['paymentAmount'], job['paymentCurrency'], job['paymentRail']) == ('25.00', 'USDC', 'base')
+    payments = market.get_job(job)['payments']
+    assert len(payments) == 1
+    escrow = payments[0]
+    assert {k: escrow[k] for k in ('type', 'amount', 'currency', 'rail', 'status', 'recipient', 'txHash')} == {
+        'type': 'escrow', 'amount': '25.00', 'currency': 'USDC', 'rail': 'base', 'status': 'confirmed',
+        'recipient': ESCROW, 'txHash': tx_hash}
+    row = db_of(market).row('SELECT * FROM jobs WHERE id = :id', {'id': job['id']})
+    assert row['refund_address'] == PAYER
+    used = db_of(market).row('SELECT * FROM used_payments WHERE tx_hash = :hash', {'hash': tx_hash})
+    assert (used['chain_id'], used['purpose'], used['job_id'], used['account_id']) == (
+        8453, 'escrow', job['id'], market.requester['id'])
+    assert mp.ledger_problems(db_of(market)) == []
+
+
+def test_an_uppercase_hash_is_stored_lowercase(market, node):
+    tx_hash = node.pay(25_000_000)
+    answer = post_job(market, '0x' + tx_hash[2:].upper())
+    assert answer.status == 201, answer
+    assert answer.json['job']['escrowTxHash'] == tx_hash
+
+
+def test_posting_the_same_hash_again_gives_the_same_job_to_its_requester_only(market, node):
+    tx_hash = node.pay(25_000_000)
+    first = post_job(market, tx_hash)
+    assert first.status == 201, first
+    again = post_job(market, tx_hash)
+    assert again.status == 200, again
+    assert again.json['job']['id'] == first.json['job']['id']
+    assert post_job(market, '0x' + tx_hash[2:].upper()).json['job']['id'] == first.json['job']['id']
+    _, other_key = make_account(market.client, 'other requester')
+    assert_error(post_job(market, tx_hash, key=other_key), 409, 'payment_replayed')
+    assert count_jobs(market) == 1
+    assert db_of(market).value('SELECT count(*) FROM payments') == 1
+    assert node.count('eth_getTransactionReceipt') == 1          # checked on chain once, when it was new
+
+
+def test_a_hash_that_funded_a_job_cannot_fund_another_one_even_for_another_price(market, node):
+    tx_hash = node.pay(50_000_000)
+    first = post_job(market, tx_hash, paymentAmount='25.00')
+    assert first.status == 201, first
+    _, other_key = make_account(market.client, 'other requester')
+    assert_error(post_job(market, tx_hash, key=other_key, paymentAmount='25.00'), 409, 'payment_replayed')
+    assert count_jobs(market) == 1
+
+
+def test_a_hash_that_paid_an_x402_call_cannot_fund_a_job(market, node):
+    tx_hash = node.pay(25_000_000)
+    db_of(market).execute("""INSERT INTO used_payments (chain_id, tx_hash, purpose, account_id, job_id, created_at)
+                             VALUES (8453, :hash, 'x402', :account, NULL, :now)""",
+                          {'hash': tx_hash, 'account': market.requester['id'], 'now': mp.now_iso()})
+    assert_error(post_job(market, tx_hash), 409, 'payment_replayed')
+    assert count_jobs(market) == 0
+    assert node.count('eth_getTransactionReceipt') == 0
+
+
+BAD_FUNDING = {
+    'wrong token': (dict(token=OTHER_TOKEN), 'payment_wrong_token'),
+    'wrong recipient': (dict(to=SOMEONE), 'payment_wrong_recipient'),
+    'insufficient': (dict(amount=24_990_000), 'payment_insufficient'),
+    'reverted': (dict(status=0), 'payment_reverted'),
+    'wrong chain': (dict(chain_id=1), 'payment_wrong_chain'),
+    'reorged': (dict(block_hash=block_hash_of(100, fork='orphaned')), 'payment_reorged'),
+    'expired': (dict(timestamp=int(time.time()) - 2 * 86400), 'payment_expired'),
+}
+
+
+@pytest.mark.parametrize('case', sorted(BAD_FUNDING))
+def test_each_bad_funding_has_its_code_and_creates_no_job(market, node, case):
+    overrides, code = BAD_FUNDING[case]
+    tx_hash = node.pay(**overrides)
+    body = assert_error(post_job(market, tx_hash), 402, code)
+    assert 'paymentRequirements' not in body
+    assert count_jobs(market) == 0
+    assert db_of(market).value('SELECT count(*) FROM used_payments') == 0
+    assert db_of(market).value('SELECT count(*) FROM payments') == 0
+
+
+def test_a_transfer_not_yet_deep_enough_is_payment_pending_with_retry_after(market, node):
+    tx_hash = node.pay(block=100)
+    node.latest = 100                      # its own block counts as one: 1 of 2
+    answer = post_job(market, tx_hash)
+    assert_error(answer, 402, 'payment_pending')
+    assert answer.headers['Retry-After'] == '2'
+    assert count_jobs(market) == 0
+    node.latest = 101                      # now 2 of 2: the same hash funds the job
+    answer = post_job(market, tx_hash)
+    assert answer.status == 201, answer
+    assert count_jobs(market) == 1
+
+
+def test_an_unknown_hash_is_payment_not_found(market, node):
+    answer = post_job(market, tx_hash_of('never sent'))
+    assert_error(answer, 402, 'payment_not_found')
+    assert answer.headers['Retry-After'] == '2'
+    assert count_jobs(market) == 0
+
+
+@pytest.mark.parametrize('failure', [requests.exceptions.ConnectionError('refused'),
+                                     requests.exceptions.ReadTimeout('timed out')])
+def test_a_node_that_is_down_is_503_chain_unavailable_and_no_job(market, node, failure):
+    node.calls.clear()
+    node.fail = failure
+    answer = post_job(market, tx_hash_of('any'))
+    assert_error(answer, 503, 'chain_unavailable')
+    assert answer.headers['Retry-After'] == '5'
+    assert count_jobs(market) == 0
+    assert node.methods() == ['eth_getTransactionReceipt']
+
+
+def test_a_usd_job_on_rail_stripe_stays_simulated(market, node):
+    before = len(node.calls)
+    answer = post_job(market, paymentCurrency='USD')
+    assert answer.status == 201, answer
+    job = answer.json['job']
+    assert (job['paymentRail'], job['escrowTxHash']) == ('stripe', None)
+    payments = market.get_job(job)['payments']
+    assert [(p['type'], p['status'], p['txHash']) for p in payments] == [('escrow', 'simulated', None)]
+    result = approve(market, job)
+    assert [(p['type'], p['amount'], p['status'], p['txHash']) for p in result['payments']] == [
+        ('release', '25.00', 'simulated', None)]
+    assert len(node.calls) == before                   # the node was never asked
+    assert node.sent == []
+
+
+# ----- payouts -----
+
+def test_an_approval_signs_stores_and_broadcasts_the_release(market, node):
+    job = funded_job(market, node)
+    result = approve(market, job)
+    assert result['job']['status'] == 'completed'
+    assert result['escrowStatus'] == 'released'
+    release = by_type(result['payments'], 'release')
+    wallet = market.agent['walletAddress']
+    assert (release['status'], release['amount'], release['currency'], release['rail'], release['recipient']) == (
+        'pending', '25.00', 'USDC', 'base', wallet)
+    assert TX_HASH.match(release['txHash'])
+    assert [p['type'] for p in result['payments']] == ['release']
+    assert node.count('eth_sendRawTransaction') == 1
+    raw = node.sent[0]
+    assert_pays(raw, wallet, 25_000_000, NODE_NONCE)
+    row = stored(market, release['txHash'])
+    assert (row['raw_tx'], row['nonce'], row['status']) == (raw, NODE_NONCE, 'pending')
+    assert row['broadcast_at'] is not None
+    assert mp.ledger_problems(db_of(market)) == []
+
+
+def test_the_operator_fee_stays_in_escrow_as_a_confirmed_record(started, node):
+    market = Market(Client(started(fee_percent=Decimal('10'))))
+    job = funded_job(market, node)
+    result = approve(market, job)
+    release, fee = by_type(result['payments'], 'release'), by_type(result['payments'], 'fee')
+    assert (release['amount'], release['status']) == ('22.50', 'pending')
+    assert (fee['amount'], fee['status'], fee['txHash'], fee['recipient']) == ('2.50', 'confirmed', None, 'operator')
+    assert node.count('eth_sendRawTransaction') == 1
+    assert_pays(node.sent[0], market.agent['walletAddress'], 22_500_000, NODE_NONCE)
+    assert mp.ledger_problems(db_of(market)) == []
+
+
+def test_nonces_of_successive_payouts_are_consecutive_from_the_nodes_count(market, node):
+    first, second = funded_job(market, node), funded_job(market, node, title='Another one')
+    hashes = [by_type(approve(market, job)['payments'], 'release')['txHash'] for job in (first, second)]
+    assert [stored(market, h)['nonce'] for h in hashes] == [NODE_NONCE, NODE_NONCE + 1]
+    assert [decode(raw)['nonce'] for raw in node.sent] == [NODE_NONCE, NODE_NONCE + 1]
+    assert db_of(market).value("SELECT value FROM chain_state WHERE name = 'next_nonce'") == NODE_NONCE + 2
+
+
+def test_overfunding_is_refunded_to_the_payer_when_the_job_completes(market, node):
+    job = funded_job(market, node, 30_000_000)
+    escrow = market.get_job(job)['payments'][0]
+    assert (escrow['type'], escrow['amount']) == ('escrow', '30.00')
+    result = approve(market, job)
+    release, refund = by_type(result['payments'], 'release'), by_type(result['payments'], 'refund')
+    assert (release['amount'], release['status']) == ('25.00', 'pending')
+    assert (refund['amount'], refund['status'], refund['recipient']) == ('5.00', 'pending', PAYER)
+    assert TX_HASH.match(refund['txHash']) and refund['txHash'] != release['txHash']
+    assert len(node.sent) == 2
+    assert_pays(node.sent[0], market.agent['walletAddress'], 25_000_000, NODE_NONCE)
+    assert_pays(node.sent[1], PAYER, 5_000_000, NODE_NONCE + 1)
+    assert result['escrowStatus'] == 'released'
+    assert mp.ledger_problems(db_of(market)) == []
+
+
+def test_a_rejection_refunds_the_funding_transfers_sender(market, node):
+    job = funded_job(market, node)
+    claim = market.deliver(job, market.claim(job))
+    answer = market.verify(job, claim, False)
+    assert answer.status == 200, answer
+    assert (answer.json['job']['status'], answer.json['escrowStatus']) == ('rejected', 'refunded')
+    refund = by_type(answer.json['payments'], 'refund')
+    assert (refund['amount'], refund['status'], refund['recipient']) == ('25.00', 'pending', PAYER)
+    assert TX_HASH.match(refund['txHash'])
+    assert len(answer.json['payments']) == 1
+    assert len(node.sent) == 1
+    assert_pays(node.sent[0], PAYER, 25_000_000, NODE_NONCE)
+    assert stored(market, refund['txHash'])['raw_tx'] == node.sent[0]
+    assert mp.ledger_problems(db_of(market)) == []
+
+
+def test_a_cancelled_job_is_refunded_on_chain(market, node):
+    job = funded_job(market, node)
+    answer = market.client.post(f'/api/jobs/{job["id"]}/cancel', key=market.requester_key)
+    assert answer.status == 200, answer
+    refund = by_type(market.get_job(job)['payments'], 'refund')
+    assert (refund['amount'], refund['status'], refund['recipient']) == ('25.00', 'pending', PAYER)
+    assert_pays(node.sent[0], PAYER, 25_000_000, NODE_NONCE)
+
+
+def test_a_payout_decided_while_the_node_is_down_is_stored_and_sent_by_the_sweep(market, node):
+    job = funded_job(market, node)
+    node.fail = requests.exceptions.ConnectionError('down')
+    result = approve(market, job)                       # the decision does not wait for the node
+    release = by_type(result['payments'], 'release')
+    assert (release['status'], TX_HASH.match(release['txHash']) is not None) == ('pending', True)
+    row = stored(market, release['txHash'])
+    assert row['broadcast_at'] is None and row['raw_tx'].startswith('0x02')
+    node.fail = None
+    mp.run_sweeps(db_of(market), market.client.app.service.settings)
+    assert node.sent[-1] == row['raw_tx']
+    assert stored(market, release['txHash'])['broadcast_at'] is not None
+
+
+# ----- the sweep -----
+
+def sweep(market):
+    return mp.run_sweeps(db_of(market), market.client.app.service.settings)['payouts']
+
+
+def mine(node, tx_hash, status=1, block=101):
+    """The node reports the payout mined at `block` (status 1: success, 0: reverted)."""
+    node.add(make_receipt(status=status, block=block, tx_hash=tx_hash), frm=ESCROW)
+
+
+def released(market, node):
+    job = funded_job(market, node)
+    release = by_type(approve(market, job)['payments'], 'release')
+    return job, release
+
+
+def test_the_sweep_confirms_a_payout_deep_enough(market, node):
+    job, release = released(market, node)
+    mine(node, release['txHash'], block=101)
+    node.latest = 102
+    assert sweep(market) == {'confirmed': 1, 'failed': 0, 'resent': 0}
+    assert by_type(market.get_job(job)['payments'], 'release')['status'] == 'confirmed'
+    assert stored(market, release['txHash'])['status'] == 'confirmed'
+    assert node.count('eth_sendRawTransaction') == 1                       # nothing sent again
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0}      # nothing left to do
+    assert mp.ledger_problems(db_of(market)) == []
+
+
+def test_the_sweep_waits_for_enough_confirmations(market, node):
+    job, release = released(market, node)
+    mine(node, release['txHash'], block=101)
+    node.latest = 101                                                        # 1 of 2
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0}
+    assert stored(market, release['txHash'])['status'] == 'pending'
+    node.latest = 102
+    assert sweep(market) == {'confirmed': 1, 'failed': 0, 'resent': 0}
+
+
+def test_the_sweep_does_not_confirm_a_payout_whose_block_was_reorged(market, node):
+    job, release = released(market, node)
+    node.add(make_receipt(block=101, tx_hash=release['txHash'], block_hash=block_hash_of(101, fork='old')), frm=ESCROW)
+    node.latest = 110
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0}
+    assert stored(market, release['txHash'])['status'] == 'pending'
+
+
+def test_the_sweep_sends_again_what_the_node_does_not_know(market, node):
+    job, release = released(market, node)
+    raw = node.sent[0]
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0}     # just sent: give the node time
+    assert node.sent == [raw]
+    mp.CLOCK.advance(seconds=31)
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 1}
+    assert node.sent == [raw, raw]                                           # the same signed transaction
+    assert '0x' + keccak(HexBytes(node.sent[1])).hex() == release['txHash']   # so the same hash
+    assert stored(market, release['txHash'])['status'] == 'pending'
+    assert db_of(market).value('SELECT count(*) FROM payments WHERE type = :t', {'t': 'release'}) == 1
+
+
+def test_a_reverted_payout_is_marked_failed(market, node):
+    job, release = released(market, node)
+    mine(node, release['txHash'], status=0, block=101)
+    node.latest = 102
+    assert sweep(market) == {'confirmed': 0, 'failed': 1, 'resent': 0}
+    assert by_type(market.get_job(job)['payments'], 'release')['status'] == 'failed'
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0}
+    assert mp.ledger_problems(db_of(market)) == []
+
+
+def test_the_sweep_with_the_node_down_changes_nothing(market, node):
+    job, release = released(market, node)
+    node.fail = requests.exceptions.ReadTimeout('slow')
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0}
+    assert stored(market, release['txHash'])['status'] == 'pending'
+
+
+def test_the_sweep_confirms_release_and_refund_in_nonce_order(market, node):
+    job = funded_job(market, node, 30_000_000)
+    result = approve(market, job)
+    release, refund = by_type(result['payments'], 'release'), by_type(result['payments'], 'refund')
+    mine(node, release['txHash'], block=101)
+    mine(node, refund['txHash'], block=102)
+    node.latest = 103
+    assert sweep(market) == {'confirmed': 2, 'failed': 0, 'resent': 0}
+    statuses = {p['type']: p['status'] for p in market.get_job(job)['payments']}
+    assert statuses == {'escrow': 'confirmed', 'release': 'confirmed', 'refund': 'confirmed'}
+    assert mp.ledger_problems(db_of(market)) == []
+
+
+def test_the_expiry_sweep_refunds_on_chain_and_sends_the_refund(market, node, real_clock):
+    job = funded_job(market, node)
+    real_clock.advance(hours=49)                        # past the deadline (48 h)
+    result = mp.run_sweeps(db_of(market), market.client.app.service.settings)
+    assert result['expire']['jobIds'] == [job['id']]
+    refund = by_type(market.get_job(job)['payments'], 'refund')
+    assert (refund['amount'], refund['status'], refund['recipient']) == ('25.00', 'pending', PAYER)
+    row = stored(market, refund['txHash'])
+    assert (row['nonce'], row['broadcast_at'] is not None) == (NODE_NONCE, True)
+    assert node.sent and set(node.sent) == {row['raw_tx']}        # sent by this very sweep (only this one)
+    assert_pays(row['raw_tx'], PAYER, 25_000_000, NODE_NONCE)
+    assert market.get_job(job)['job']['status'] == 'expired'
+    assert mp.ledger_problems(db_of(market)) == []
+
+
+def test_an_agent_in_onchain_mode_is_paid_at_its_wallet(market, node):
+    agent, _ = make_agent(market.client, market.worker_key, name='second', walletAddress=SOMEONE)
+    job = funded_job(market, node)
+    claim = market.deliver(job, market.claim(job, agent=agent))
+    answer = market.verify(job, claim, True)
+    assert answer.status == 200, answer
+    assert by_type(answer.json['payments'], 'release')['recipient'] == SOMEONE
+    assert_pays(node.sent[0], SOMEONE, 25_000_000, NODE_NONCE)
