@@ -3502,7 +3502,7 @@ def post_auto_verify():
 
 
 ###############################################################################
-# The OpenAPI document ########################################################
+# The OpenAPI document: schemas ###############################################
 ###############################################################################
 
 def schema_ref(name):
@@ -4015,6 +4015,10 @@ STREAM_DESCRIPTION = '''Server-Sent Events, each with an `event:` line and a JSO
 `connected` first (data: the filters, the heartbeat interval and the maximum duration), then `job.new`
 for each matching new job (data: a job summary; `id:` set so that `Last-Event-ID` resumes), `heartbeat`
 every 30 seconds, and `timeout` before the stream closes after at most 10 minutes.'''
+
+###############################################################################
+# The OpenAPI document: operations ############################################
+###############################################################################
 
 # Every route: summary, tags, parameters, body, success status and schema, the errors it can answer,
 # and whether it needs an API key ('key'), reads one when sent ('optional') or ignores keys (None).
