@@ -476,9 +476,10 @@ def test_verify_usdc_payment_end_to_end(node, chain):
     assert verify(chain, tx_hash) == Transfer(PAYER, ESCROW, 25_000_000)
     # one call per question, no retries, no other method
     assert node.methods() == ['eth_getTransactionReceipt', 'eth_getTransactionByHash', 'eth_blockNumber',
-                              'eth_getBlockByNumber']
+                              'eth_getBlockByNumber', 'eth_getBlockByNumber']
     assert node.calls[0][1] == [tx_hash]
     assert node.calls[3][1] == ['0x64', False]
+    assert node.calls[4][1] == ['latest', False]        # the chain's own clock, for the age check
     assert all(request.req_kwargs['timeout'] == 10 for request in node.requests)   # the 10 s time-out
 
 
@@ -539,6 +540,12 @@ def test_verify_too_old_is_payment_expired(node, chain):
         verify(chain, tx_hash, max_age_seconds=3600)
     assert code_of(raised) == 'payment_expired'
     assert verify(chain, tx_hash, max_age_seconds=None).amount == 25_000_000
+    # Too old by the chain's clock (its head is recent) even when the server's clock says otherwise ...
+    with pytest.raises(VerificationError) as raised:
+        verify(chain, tx_hash, max_age_seconds=3600, now=int(time.time()) - 7000)
+    assert code_of(raised) == 'payment_expired'
+    # ... and fresh only when both clocks agree.
+    node.block(node.latest)['timestamp'] = int(time.time()) - 7000
     assert verify(chain, tx_hash, max_age_seconds=3600, now=int(time.time()) - 7000).amount == 25_000_000
 
 

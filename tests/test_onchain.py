@@ -1,0 +1,498 @@
+"""Onchain mode end to end (CONTRACT.md 7, README "USDC on Base: onchain mode"): the real server as a process,
+a real local EVM (anvil, tests/chain.py) with TestUSDC at the Base USDC address, and real USDC transfers.
+
+Funding checks on chain, payouts and refunds that land in wallets, a crash between the commit and the
+broadcast (an RPC proxy that holds eth_sendRawTransaction), and a node that is down or on another chain.
+Every test uses the `usdc` fixture, so the chain is put back as it was after it. Only 127.0.0.1.
+"""
+
+import json
+import secrets
+import threading
+import time
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import requests
+
+import chain
+from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, Account  # web3/eth-account only through chain.py
+from conftest import LiveServer, free_port, job_body
+
+import marketplace as mp
+
+TIMEOUT = 20                # seconds for any one HTTP call: only to avoid hanging, never asserted
+ESCROW_KEY, ESCROW = DEV_KEYS[1], DEV_ADDRESSES[1]
+PAYER_KEY, PAYER = DEV_KEYS[2], DEV_ADDRESSES[2]
+PRICE = 25_000_000          # 25.00 USDC in base units
+
+
+# Helpers ---------------------------------------------------------------------
+
+def onchain_args(rpc_url, *extra):
+    return ['--rpc-url', rpc_url, '--chain-id', '8453', '--confirmations', '2', '--rate-limits', 'off', *extra]
+
+
+def drain(server):
+    """Read the server's output in the background (a full pipe would block it); lines in server.lines."""
+    server.lines = []
+
+    def read(stream):
+        for line in iter(stream.readline, b''):
+            server.lines.append(line.decode(errors='replace'))
+    server.reader = threading.Thread(target=read, args=(server.process.stdout,), daemon=True)
+    server.reader.start()
+
+
+def stop(server):
+    if server.process is not None and server.process.poll() is None:
+        server.process.kill()
+        server.process.wait(10)
+
+
+@contextmanager
+def serving(db, rpc_url, *extra):
+    """A server in onchain mode (escrow wallet DEV_ADDRESSES[1]) on `db`, killed afterwards if still running."""
+    server = LiveServer(db, onchain_args(rpc_url, *extra), env={'MARKETPLACE_ESCROW_KEY': ESCROW_KEY})
+    try:
+        server.start()
+        drain(server)
+        yield server
+    finally:
+        stop(server)
+
+
+def ledger_of(db_path):
+    db = mp.Database(str(db_path))
+    try:
+        return mp.ledger_problems(db)
+    finally:
+        db.close()
+
+
+def call(server, method, path, body=None, key=None):
+    headers = {'Authorization': f'Bearer {key}'} if key else {}
+    return requests.request(method, server.url + path, json=body, headers=headers, timeout=TIMEOUT)
+
+
+def new_requester(server, name='requester'):
+    answer = call(server, 'POST', '/api/accounts', {'name': name})
+    assert answer.status_code == 201, answer.text
+    return answer.json()['apiKey']
+
+
+def new_worker(server, name='worker'):
+    """An account with one agent whose wallet is a fresh address (no USDC yet): (agent, key, wallet)."""
+    wallet = Account.create().address
+    answer = call(server, 'POST', '/api/agents/register',
+                  {'name': name, 'walletAddress': wallet, 'capabilities': {'categories': ['code']}})
+    assert answer.status_code == 201, answer.text
+    return answer.json()['agent'], answer.json()['apiKey'], wallet
+
+
+def pay_escrow(anvil, amount, to=ESCROW, token=USDC, confirm=True):
+    """Mint `amount` to the payer and transfer it to `to`; with `confirm`, mine one more block (2 deep)."""
+    anvil.mint(PAYER, amount, token=token)
+    tx_hash = anvil.transfer(PAYER_KEY, to, amount, token=token)
+    if confirm:
+        anvil.mine(1)
+    return tx_hash
+
+
+def post_job(server, key, tx_hash=None, **overrides):
+    body = job_body(**overrides)
+    if tx_hash is not None:
+        body['escrowTxHash'] = tx_hash
+    return call(server, 'POST', '/api/jobs', body, key)
+
+
+def funded_job(server, key, tx_hash, **overrides):
+    answer = post_job(server, key, tx_hash, **overrides)
+    assert answer.status_code == 201, answer.text
+    return answer.json()['job']
+
+
+def get_job(server, job_id):
+    answer = call(server, 'GET', f'/api/jobs/{job_id}')
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def job_total(server):
+    answer = call(server, 'GET', '/api/jobs')
+    assert answer.status_code == 200, answer.text
+    return answer.json()['total']
+
+
+def delivered(server, job, worker_key, agent):
+    claim = call(server, 'POST', f'/api/jobs/{job["id"]}/claim', {'agentId': agent['id']}, worker_key)
+    assert claim.status_code == 201, claim.text
+    claim_id = claim.json()['claim']['id']
+    answer = call(server, 'POST', f'/api/jobs/{job["id"]}/deliver',
+                  {'claimId': claim_id, 'deliverable': {'type': 'url', 'url': 'https://example.com/out'}}, worker_key)
+    assert answer.status_code == 200, answer.text
+    return claim_id
+
+
+def verify(server, job, claim_id, approved, requester_key):
+    answer = call(server, 'POST', f'/api/jobs/{job["id"]}/verify', {'claimId': claim_id, 'approved': approved},
+                  requester_key)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def one(payments, kind):
+    found = [p for p in payments if p['type'] == kind]
+    assert len(found) == 1, payments
+    return found[0]
+
+
+def assert_refused(answer, status, code):
+    assert answer.status_code == status, answer.text
+    body = answer.json()
+    assert (body['status'], body['code']) == (status, code), body
+    assert isinstance(body['error'], str) and body['error'].strip(), body
+    return body
+
+
+def assert_pending_payout(payment, amount, recipient):
+    assert payment['status'] == 'pending', payment
+    assert (payment['amount'], payment['currency'], payment['rail']) == (amount, 'USDC', 'base'), payment
+    assert payment['recipient'].lower() == recipient.lower(), payment
+    assert isinstance(payment['txHash'], str) and len(payment['txHash']) == 66, payment
+
+
+def settle(anvil, done, seconds=10):
+    """Mine a block at a time until done() is true (the server's sweeper confirms in between)."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, f'not settled in {seconds} s'
+        anvil.mine(1)
+        time.sleep(0.15)
+
+
+def statuses(server, job_id):
+    return {p['type']: p['status'] for p in get_job(server, job_id)['payments']}
+
+
+def nonce_of(anvil, address):
+    return anvil.w3.eth.get_transaction_count(address, 'latest')
+
+
+# 1. A funded job opens ----------------------------------------------------------
+
+def test_a_funded_job_opens_and_health_shows_the_chain(anvil, usdc, tmp_path):
+    with serving(tmp_path / 'm.db', anvil.url) as server:
+        key = new_requester(server)
+        tx_hash = pay_escrow(anvil, PRICE)
+        assert anvil.balance(ESCROW) == PRICE
+        job = funded_job(server, key, tx_hash)
+        assert (job['status'], job['escrowStatus'], job['escrowTxHash']) == ('open', 'locked', tx_hash)
+        assert (job['paymentAmount'], job['paymentCurrency'], job['paymentRail']) == ('25.00', 'USDC', 'base')
+
+        shown = get_job(server, job['id'])
+        assert shown['job']['escrowTxHash'] == tx_hash
+        assert len(shown['payments']) == 1
+        escrow = shown['payments'][0]
+        assert {k: escrow[k] for k in ('type', 'status', 'txHash', 'amount', 'currency', 'rail')} == \
+            {'type': 'escrow', 'status': 'confirmed', 'txHash': tx_hash, 'amount': '25.00', 'currency': 'USDC',
+             'rail': 'base'}
+
+        health = call(server, 'GET', '/api/health')
+        assert health.status_code == 200, health.text
+        assert health.json()['payments'] == 'onchain'
+        assert health.json()['chain'] == {'chainId': 8453, 'latestBlock': anvil.block_number(),
+                                          'escrowAddress': ESCROW, 'usdcAddress': USDC, 'reachable': True}
+
+
+# 2. Bad funding transfers ---------------------------------------------------------
+
+def test_each_bad_funding_transfer_is_refused_with_its_own_code(anvil, usdc, tmp_path):
+    with serving(tmp_path / 'm.db', anvil.url) as server:
+        key, other_key = new_requester(server), new_requester(server, 'someone-else')
+
+        body = assert_refused(post_job(server, key), 402, 'payment_required')
+        assert body['paymentRequirements'] == {'payTo': ESCROW, 'amount': '25000000', 'asset': USDC,
+                                               'network': 'base', 'chainId': 8453}
+
+        assert_refused(post_job(server, key, '0x' + secrets.token_hex(32)), 402, 'payment_not_found')
+
+        anvil.mint(PAYER, 10_000_000)     # then send more than the payer holds, mined with status 0
+        reverted = anvil.transfer(PAYER_KEY, ESCROW, PRICE, gas=100_000)
+        anvil.mine(1)
+        assert anvil.receipt(reverted)['status'] == 0
+        assert_refused(post_job(server, key, reverted), 402, 'payment_reverted')
+
+        wrong_token = pay_escrow(anvil, PRICE, token=OTHER_TOKEN)
+        assert anvil.balance(ESCROW, token=OTHER_TOKEN) == PRICE
+        assert_refused(post_job(server, key, wrong_token), 402, 'payment_wrong_token')
+
+        elsewhere = pay_escrow(anvil, PRICE, to=DEV_ADDRESSES[3])
+        assert_refused(post_job(server, key, elsewhere), 402, 'payment_wrong_recipient')
+
+        short = pay_escrow(anvil, 24_990_000)
+        assert_refused(post_job(server, key, short), 402, 'payment_insufficient')
+
+        assert job_total(server) == 0     # nothing above opened a job
+
+        fresh = pay_escrow(anvil, PRICE, confirm=False)   # its own block only: 1 of 2 confirmations
+        answer = post_job(server, key, fresh)
+        assert_refused(answer, 402, 'payment_pending')
+        assert 1 <= int(answer.headers['Retry-After']) <= 10
+        assert job_total(server) == 0
+
+        anvil.mine(1)                                      # now 2 deep: the same hash opens the job
+        job = funded_job(server, key, fresh)
+        assert job['escrowTxHash'] == fresh
+
+        assert_refused(post_job(server, other_key, fresh), 409, 'payment_replayed')
+        again = post_job(server, key, fresh)
+        assert again.status_code == 200, again.text
+        assert again.json()['job']['id'] == job['id']
+        assert again.json()['job']['escrowTxHash'] == fresh
+        assert job_total(server) == 1
+        assert [p['type'] for p in get_job(server, job['id'])['payments']] == ['escrow']
+
+
+def test_a_transfer_older_than_the_max_age_is_expired(anvil, usdc, tmp_path):
+    # The chain's clock moves on two minutes past the transfer: by the chain it is older than 60 s.
+    with serving(tmp_path / 'm.db', anvil.url, '--payment-max-age', '60') as server:
+        key = new_requester(server)
+        tx_hash = pay_escrow(anvil, PRICE)
+        mined_at = anvil.w3.eth.get_block(anvil.receipt(tx_hash)['blockNumber'])['timestamp']
+        anvil.set_next_timestamp(mined_at + 120)      # two minutes later on chain
+        anvil.mine(1)
+        assert anvil.timestamp() - mined_at == 120
+        assert_refused(post_job(server, key, tx_hash), 402, 'payment_expired')
+        assert job_total(server) == 0
+
+
+# 3. Approval pays the worker on chain ----------------------------------------------
+
+# README "Money and escrow": the fee is rounded down to the cent, so 2.5 % of 25.00 is 0.62 (not 0.625).
+@pytest.mark.parametrize('fee_percent, paid, fee', [('0', 25_000_000, 0), ('2.5', 24_380_000, 620_000)])
+def test_approval_moves_usdc_to_the_worker_wallet(anvil, usdc, tmp_path, fee_percent, paid, fee):
+    db = tmp_path / 'm.db'
+    with serving(db, anvil.url, '--sweep-interval', '0.3', '--fee-percent', fee_percent) as server:
+        key = new_requester(server)
+        agent, worker_key, wallet = new_worker(server)
+        job = funded_job(server, key, pay_escrow(anvil, PRICE))
+        assert (anvil.balance(ESCROW), anvil.balance(wallet)) == (PRICE, 0)
+        claim_id = delivered(server, job, worker_key, agent)
+
+        answer = verify(server, job, claim_id, True, key)
+        assert answer['job']['status'] == 'completed'
+        assert answer['escrowStatus'] == 'released'
+        release = one(answer['payments'], 'release')
+        assert_pending_payout(release, mp.format_units(paid, 'USDC'), wallet)
+        if fee:
+            fee_record = one(answer['payments'], 'fee')
+            assert (fee_record['amount'], fee_record['status'], fee_record['txHash']) == ('0.62', 'confirmed', None)
+        else:
+            assert [p['type'] for p in answer['payments']] == ['release']
+
+        settle(anvil, lambda: statuses(server, job['id'])['release'] == 'confirmed'
+               and anvil.balance(wallet) == paid)
+        receipt = anvil.receipt(release['txHash'])
+        assert (receipt['status'], receipt['from'], receipt['to']) == (1, ESCROW, USDC)
+        assert anvil.balance(wallet) == paid
+        assert anvil.balance(ESCROW) == PRICE - paid == fee     # the fee stays in the escrow wallet
+        shown = one(get_job(server, job['id'])['payments'], 'release')
+        assert (shown['status'], shown['txHash'], shown['amount']) == \
+            ('confirmed', release['txHash'], release['amount'])
+        assert server.terminate() == 0
+    assert ledger_of(db) == []
+
+
+# 4. Rejection refunds the payer -------------------------------------------------------
+
+def test_rejection_refunds_the_payer_and_overfunding_comes_back(anvil, usdc, tmp_path):
+    db = tmp_path / 'm.db'
+    with serving(db, anvil.url, '--sweep-interval', '0.3') as server:
+        key = new_requester(server)
+        agent, worker_key, wallet = new_worker(server)
+        rejected = funded_job(server, key, pay_escrow(anvil, 30_000_000))     # 30 USDC for a 25 USDC job
+        approved = funded_job(server, key, pay_escrow(anvil, 30_000_000))
+        assert (anvil.balance(PAYER), anvil.balance(ESCROW)) == (0, 60_000_000)
+        assert one(get_job(server, rejected['id'])['payments'], 'escrow')['amount'] == '30.00'
+
+        answer = verify(server, rejected, delivered(server, rejected, worker_key, agent), False, key)
+        assert (answer['job']['status'], answer['escrowStatus']) == ('rejected', 'refunded')
+        refund = one(answer['payments'], 'refund')
+        assert_pending_payout(refund, '30.00', PAYER)
+        settle(anvil, lambda: statuses(server, rejected['id'])['refund'] == 'confirmed'
+               and anvil.balance(PAYER) == 30_000_000)
+        assert (anvil.balance(PAYER), anvil.balance(ESCROW), anvil.balance(wallet)) == (30_000_000, 30_000_000, 0)
+
+        answer = verify(server, approved, delivered(server, approved, worker_key, agent), True, key)
+        assert (answer['job']['status'], answer['escrowStatus']) == ('completed', 'released')
+        assert [p['type'] for p in answer['payments']] == ['release', 'refund']
+        assert_pending_payout(one(answer['payments'], 'release'), '25.00', wallet)
+        assert_pending_payout(one(answer['payments'], 'refund'), '5.00', PAYER)
+        settle(anvil, lambda: statuses(server, approved['id']) == {'escrow': 'confirmed', 'release': 'confirmed',
+                                                                     'refund': 'confirmed'})
+        assert anvil.balance(wallet) == 25_000_000
+        assert anvil.balance(PAYER) == 35_000_000
+        assert anvil.balance(ESCROW) == 0
+        assert server.terminate() == 0
+    assert ledger_of(db) == []
+
+
+# 5. A crash between the commit and the broadcast ------------------------------------------
+
+class RPCProxy:
+    """A JSON-RPC proxy on 127.0.0.1 in front of anvil. While `holding`, an eth_sendRawTransaction is held
+    (never answered) until release(); everything else is forwarded. `sent` records every
+    eth_sendRawTransaction that reached the node through it, with the node's answer."""
+
+    def __init__(self, upstream):
+        self.upstream = upstream
+        self.holding = False
+        self.held = []          # [{'raw', 'body', 'release': Event}]
+        self.sent = []          # [(raw, answer)]
+        self.changed = threading.Condition()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get('Content-Length') or 0))
+                try:
+                    request = json.loads(body)
+                except ValueError:
+                    request = None
+                method = request.get('method') if isinstance(request, dict) else None
+                if method == 'eth_sendRawTransaction' and proxy.holding:
+                    entry = {'raw': request['params'][0], 'body': body, 'release': threading.Event()}
+                    with proxy.changed:
+                        proxy.held.append(entry)
+                        proxy.changed.notify_all()
+                    entry['release'].wait(60)
+                    self.close_connection = True
+                    return      # dropped: no answer at all
+                answer = proxy.forward(body)
+                if method == 'eth_sendRawTransaction':
+                    with proxy.changed:
+                        proxy.sent.append((request['params'][0], json.loads(answer)))
+                        proxy.changed.notify_all()
+                self.send_response(200)
+                self.send_header('Content-Type', 'application/json')
+                self.send_header('Content-Length', str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f'http://127.0.0.1:{self.server.server_address[1]}'
+
+    def forward(self, body):
+        return requests.post(self.upstream, data=body, headers={'Content-Type': 'application/json'},
+                             timeout=10).content
+
+    def wait_for_held(self, seconds=10):
+        with self.changed:
+            assert self.changed.wait_for(lambda: self.held, seconds), 'no eth_sendRawTransaction reached the proxy'
+            return self.held[0]
+
+    def close(self):
+        self.holding = False
+        for entry in self.held:
+            entry['release'].set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def proxy(anvil):
+    proxy = RPCProxy(anvil.url)
+    yield proxy
+    proxy.close()
+
+
+@pytest.mark.parametrize('node_has_it', [False, True], ids=['dropped', 'forwarded'])
+def test_a_crash_between_commit_and_broadcast_pays_exactly_once(anvil, usdc, proxy, tmp_path, node_has_it):
+    db = tmp_path / 'm.db'
+    with serving(db, proxy.url, '--sweep-interval', '600') as server:
+        key = new_requester(server)
+        agent, worker_key, wallet = new_worker(server)
+        job = funded_job(server, key, pay_escrow(anvil, PRICE))
+        claim_id = delivered(server, job, worker_key, agent)
+        nonce_before = nonce_of(anvil, ESCROW)
+
+        proxy.holding = True
+        answer = verify(server, job, claim_id, True, key)
+        release = one(answer['payments'], 'release')
+        assert_pending_payout(release, '25.00', wallet)
+        held = proxy.wait_for_held()          # committed, and the broadcast is in flight
+        assert chain.Web3.keccak(hexstr=held['raw']).hex().removeprefix('0x') == release['txHash'][2:]
+        if node_has_it:                       # the node takes it, but the server never hears back
+            assert 'result' in json.loads(proxy.forward(held['body']))
+            mined = anvil.w3.eth.wait_for_transaction_receipt(release['txHash'], timeout=10, poll_latency=0.02)
+            assert mined['status'] == 1
+        server.kill()
+    proxy.holding = False
+    held['release'].set()                     # the held request ends without an answer
+    assert anvil.balance(wallet) == (PRICE if node_has_it else 0)
+    assert proxy.sent == []
+
+    with serving(db, proxy.url, '--sweep-interval', '0.3') as server:
+        settle(anvil, lambda: statuses(server, job['id'])['release'] == 'confirmed'
+               and anvil.balance(wallet) == PRICE)
+        anvil.mine(3)
+        time.sleep(1.0)                       # three sweeps more
+        assert anvil.balance(wallet) == PRICE
+        assert anvil.balance(ESCROW) == 0
+        assert nonce_of(anvil, ESCROW) == nonce_before + 1
+        shown = one(get_job(server, job['id'])['payments'], 'release')
+        assert (shown['status'], shown['txHash']) == ('confirmed', release['txHash'])
+        # after the restart the same signed transaction was sent again, and only that one
+        assert proxy.sent and {raw for raw, _ in proxy.sent} == {held['raw']}
+        if node_has_it:                        # the node had mined it: 'nonce too low', which counts as sent
+            assert all(answer['error']['message'].lower() in ('nonce too low', 'already known')
+                       for _, answer in proxy.sent), proxy.sent
+        else:
+            assert proxy.sent[0][1].get('result') == release['txHash'], proxy.sent
+        assert server.terminate() == 0
+    assert ledger_of(db) == []
+
+
+# 6. A node that is down, or on another chain ------------------------------------------
+
+def test_a_node_that_does_not_answer(anvil, usdc, tmp_path):
+    nowhere = f'http://127.0.0.1:{free_port()}'
+    with serving(tmp_path / 'm.db', nowhere) as server:
+        started = time.monotonic()
+        health = call(server, 'GET', '/api/health')
+        assert time.monotonic() - started < 3
+        assert health.status_code == 200, health.text
+        assert health.json()['payments'] == 'onchain'
+        assert health.json()['chain'] == {'chainId': 8453, 'latestBlock': None, 'escrowAddress': ESCROW,
+                                          'usdcAddress': USDC, 'reachable': False}
+
+        key = new_requester(server)
+        started = time.monotonic()
+        answer = post_job(server, key, pay_escrow(anvil, PRICE))
+        assert time.monotonic() - started < 15
+        assert_refused(answer, 503, 'chain_unavailable')
+        assert job_total(server) == 0
+
+
+def test_a_node_on_another_chain_refuses_to_start(tmp_path):
+    other = chain.Anvil(chain_id=1).start()
+    try:
+        server = LiveServer(tmp_path / 'm.db', onchain_args(other.url), env={'MARKETPLACE_ESCROW_KEY': ESCROW_KEY})
+        try:
+            with pytest.raises(RuntimeError) as raised:
+                server.start()
+            assert server.process.returncode not in (0, None)
+        finally:
+            stop(server)
+        message = str(raised.value)
+        assert 'server exited' in message
+        assert 'on chain 1,' in message and '--chain-id 8453' in message
+    finally:
+        other.stop()
