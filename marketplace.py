@@ -580,8 +580,9 @@ def escrow_balance(db, job_id):
 
 
 def onchain_job(settings, job):
-    """Does this job's money move on chain (onchain mode, rail base)?"""
-    return settings.onchain is not None and job['rail'] == 'base'
+    """Does this job's money move on chain? Only in onchain mode, and only for a job funded on chain: a job
+    created in simulated mode (the demo, or before --rpc-url was set) locked no USDC, so it pays none."""
+    return settings.onchain is not None and job['escrow_tx_hash'] is not None
 
 
 def lock_escrow(db, job, funding=None):
@@ -598,6 +599,9 @@ def lock_escrow(db, job, funding=None):
 def pay_out(db, settings, job, kind, amount, *, debit, credit, recipient, claim_id=None):
     """Record money leaving escrow. On chain the USDC transfer is signed and stored here, in the caller's
     transaction, and broadcast after the commit: a crash can only lead to sending the same transaction again."""
+    if job['escrow_tx_hash'] and settings.onchain is None:
+        raise Unavailable('This job was funded on chain: only a server running with --rpc-url can pay it out.',
+                          code='chain_unavailable', headers={'Retry-After': '60'})
     if not onchain_job(settings, job):
         return record_payment(db, job, kind, amount, debit=debit, credit=credit, recipient=recipient,
                               claim_id=claim_id)
@@ -2040,27 +2044,38 @@ def expire_overdue_jobs(db, settings):
         AND status IN ('open', 'claimed', 'delivered', 'disputed') ORDER BY deadline''', {'now': now_iso()})]
     for job_id in overdue:
         time.sleep(0)     # under gevent, let requests in between jobs (each job is its own transaction)
-        with db.transaction():
-            job = get_job(db, job_id)
-            if job['status'] in FINAL_JOB_STATUSES or job['deadline'] > now_iso():
-                continue
-            stale = db.rows("SELECT * FROM claims WHERE job_id = :id AND status = 'claimed'", {'id': job_id})
-            for claim in stale:
-                set_claim_status(db, claim['id'], 'expired')
-                adjust_reputation(db, claim['agent_id'], *REPUTATION['expired'], job_id, claim['id'])
-                result['reputationPenalties'] += 1
-            if active_claims(db, job_id):
-                if stale:     # a job left waiting changes only when some of its claims expired
-                    set_job_status(db, job_id, live_job_status(db, job))
-                continue
-            if finish_job(db, settings, job, 'expired'):
-                result['refunded'] += 1
-            ended = db.value('SELECT status FROM jobs WHERE id = :id', {'id': job_id})
-            queue_event(db, settings, 'job.expired' if ended == 'expired' else 'job.completed', job_id,
-                        claim_holders(db, job_id))
+        try:
+            penalties, ended, refunded = expire_job(db, settings, job_id)
+        except Unavailable as exc:          # funded on chain, and no chain here: leave it for a server that has one
+            log.warning('expiry of job %s waits: %s', job_id, exc.message)
+            continue
+        result['reputationPenalties'] += penalties
+        result['refunded'] += refunded
+        if ended:
             result['expired'] += 1
             result['jobIds'].append(job_id)
     return result
+
+
+def expire_job(db, settings, job_id):
+    """Expire one overdue job (see expire_overdue_jobs) in one transaction: (penalties, ended, refunded)."""
+    with db.transaction():
+        job = get_job(db, job_id)
+        if job['status'] in FINAL_JOB_STATUSES or job['deadline'] > now_iso():
+            return 0, False, False
+        stale = db.rows("SELECT * FROM claims WHERE job_id = :id AND status = 'claimed'", {'id': job_id})
+        for claim in stale:
+            set_claim_status(db, claim['id'], 'expired')
+            adjust_reputation(db, claim['agent_id'], *REPUTATION['expired'], job_id, claim['id'])
+        if active_claims(db, job_id):
+            if stale:     # a job left waiting changes only when some of its claims expired
+                set_job_status(db, job_id, live_job_status(db, job))
+            return len(stale), False, False
+        refunded = finish_job(db, settings, job, 'expired') is not None
+        ended = db.value('SELECT status FROM jobs WHERE id = :id', {'id': job_id})
+        queue_event(db, settings, 'job.expired' if ended == 'expired' else 'job.completed', job_id,
+                    claim_holders(db, job_id))
+        return len(stale), True, refunded
 
 
 def auto_verify_deliveries(db, settings):
@@ -2081,8 +2096,8 @@ def auto_verify_deliveries(db, settings):
                 continue      # superseded or settled since the list was read
             try:
                 approve_claim(db, settings, job, claim, auto=True)
-            except Conflict:
-                continue      # another delivery of the job is under dispute: wait for it
+            except (Conflict, Unavailable):
+                continue      # another delivery is under dispute, or it was funded on chain and no chain is here
         result['autoApproved'] += 1
         result['claimIds'].append(row['id'])
     return result
@@ -4495,7 +4510,7 @@ def call_app(app, method, path, body=None, key=None, headers=None):
 
 def seed(db_settings, fixtures_path, out=print):
     """Load the demo fixtures through the API itself; print the demo keys; return them by name."""
-    settings = Settings(**dict(vars(db_settings), rate_limits='off'))
+    settings = Settings(**dict(vars(db_settings), rate_limits='off', rpc_url=''))     # demo money is simulated
     app = make_app(settings)
     db = app.service.db
     if db.value('SELECT count(*) FROM accounts WHERE role = \'member\''):

@@ -8,6 +8,7 @@ every test (the `started` fixture checks mp.ledger_problems of every app it buil
 
 import re
 import time
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -579,3 +580,44 @@ def test_an_agent_in_onchain_mode_is_paid_at_its_wallet(market, node):
     assert answer.status == 200, answer
     assert by_type(answer.json['payments'], 'release')['recipient'] == SOMEONE
     assert_pays(node.sent[0], SOMEONE, 25_000_000, NODE_NONCE)
+
+
+def test_a_job_created_in_simulated_mode_never_pays_real_usdc(tmp_path, started, node):
+    """A job that locked no USDC (made before --rpc-url was set, e.g. the demo) settles in the ledger only."""
+    simulated = mp.make_app(mp.Settings(db=str(tmp_path / 'onchain.db'), rate_limits='off', admin_key=ADMIN_KEY,
+                                        public_url='http://market.test', allow_private_webhooks=True))
+    market = Market(Client(simulated))
+    job, claim = market.delivered_job(paymentAmount='25.00')
+    assert job['paymentRail'] == 'base' and job['escrowTxHash'] is None
+    simulated.service.close()
+    onchain = Client(started())                          # the same database, now in onchain mode
+    answer = onchain.post(f'/api/jobs/{job["id"]}/verify', {'claimId': claim['id'], 'approved': True},
+                          key=market.requester_key)
+    assert answer.status == 200, answer
+    release = by_type(answer.json['payments'], 'release')
+    assert (release['status'], release['txHash']) == ('simulated', None)
+    assert node.count('eth_sendRawTransaction') == 0
+
+
+def test_a_job_funded_on_chain_is_not_settled_without_the_chain(tmp_path, started, node, real_clock):
+    """Without --rpc-url the service could only pretend to pay: it refuses (503) and the sweep leaves the job."""
+    onchain = started()
+    market = Market(Client(onchain))
+    job = funded_job(market, node)
+    claim = market.deliver(job, market.claim(job))
+    other = funded_job(market, node, deadline=mp.iso(mp.now() + timedelta(hours=1)))
+    simulated = mp.make_app(mp.Settings(db=str(tmp_path / 'onchain.db'), rate_limits='off', admin_key=ADMIN_KEY,
+                                        public_url='http://market.test', allow_private_webhooks=True))
+    try:
+        client = Client(simulated)
+        answer = client.post(f'/api/jobs/{job["id"]}/verify', {'claimId': claim['id'], 'approved': True},
+                             key=market.requester_key)
+        assert (answer.status, answer.json['code']) == (503, 'chain_unavailable')
+        assert answer.headers['Retry-After'] == '60'
+        assert client.get(f'/api/jobs/{job["id"]}').json['job']['status'] == 'delivered'
+        real_clock.advance(hours=2)
+        assert mp.expire_overdue_jobs(simulated.service.db, simulated.service.settings)['expired'] == 0
+        assert client.get(f'/api/jobs/{other["id"]}').json['job']['status'] == 'open'
+        assert mp.ledger_problems(simulated.service.db) == []
+    finally:
+        simulated.service.close()
