@@ -66,14 +66,7 @@ def app(started):
     return started()
 
 
-@pytest.fixture
-def client(app):
-    return Client(app)
-
-
-@pytest.fixture
-def market(client):
-    return Market(client)
+# `client` and `market` come from conftest.py, built on this module's `app`.
 
 
 def db_of(market):
