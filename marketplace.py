@@ -4648,8 +4648,10 @@ def serve(settings):
     sweeper = gevent.spawn(sweep_forever, app.service)
     webhooks = WebhookWorker(app.service)
     deliverer = gevent.spawn(webhooks.run)
-    log.info('marketplace %s serving on http://%s:%s (database %s, payments simulated)',
-             __version__, settings.host, server.server_port, settings.db)
+    payments = (f'payments onchain, chain {settings.chain_id}, escrow {settings.onchain.escrow_address}'
+                if settings.onchain else 'payments simulated')
+    log.info('marketplace %s serving on http://%s:%s (database %s, %s)',
+             __version__, settings.host, server.server_port, settings.db, payments)
     server.serve_forever(stop_timeout=settings.shutdown_timeout)
     sweeper.kill()
     deliverer.kill()
