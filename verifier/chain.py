@@ -143,3 +143,32 @@ class Chain:
             reference = max(now if now is not None else time.time(), head['timestamp'] if head else 0)
             check_fresh(block['timestamp'], reference, max_age_seconds)
         return Transfer(transfer.payer, transfer.recipient, transfer.amount)
+
+    def authorization_used(self, token, authorizer, nonce):
+        """True once `authorizer`'s EIP-3009 `nonce` (0x + 64 hex digits) is used on `token` (authorizationState)."""
+        try:
+            word = bytes.fromhex(nonce[2:]) if isinstance(nonce, str) and nonce[:2] == '0x' else b''
+        except ValueError:
+            word = b''
+        if len(word) != 32 or len(nonce) != 66:        # (fromhex skips spaces: the length rules them out)
+            raise VerificationError('The nonce is not 0x followed by 64 hexadecimal digits.', 'payment_invalid')
+        data = AUTHORIZATION_STATE + checksummed(authorizer, 'authorizer')[2:].lower().rjust(64, '0') + word.hex()
+        answer = self._ask('eth_call', self.w3.eth.call, {'to': checksummed(token, 'token address'), 'data': data})
+        if answer is None or len(bytes(answer)) != 32 or int.from_bytes(bytes(answer), 'big') > 1:
+            raise ChainUnavailable('The node answered authorizationState with something that is not a bool.')
+        return bytes(answer)[-1] == 1
+
+    def wait_for_receipt(self, tx_hash, timeout_seconds, poll=0.2):
+        """The receipt of a transaction once it is mined (a plain dict); ChainUnavailable after `timeout_seconds`."""
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            receipt = self.receipt(tx_hash)
+            if receipt is not None:
+                return receipt
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ChainUnavailable(f'The transaction {tx_hash} was not mined within {timeout_seconds} seconds.')
+            time.sleep(min(poll, left))        # gevent's, in the server (monkey-patched)
+
+
+AUTHORIZATION_STATE = '0xe94a0102'      # authorizationState(address,bytes32)

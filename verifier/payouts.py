@@ -1,8 +1,12 @@
 """Payouts signed locally with the escrow key (eth-account): USDC transfers as EIP-1559 transactions."""
 
-from eth_account import Account
+import sys
 
-from verifier.checks import checksummed
+_recursion_limit = sys.getrecursionlimit()
+from eth_account import Account  # noqa: E402
+sys.setrecursionlimit(_recursion_limit)     # importing eth_account raises it to 100000: deep input could then crash us
+
+from verifier.checks import checksummed  # noqa: E402
 
 TRANSFER = '0xa9059cbb'        # transfer(address,uint256)
 TRANSFER_GAS = 100_000

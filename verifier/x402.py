@@ -1,0 +1,254 @@
+"""x402 (v1) payments: the X-PAYMENT header, its two forms, and the EIP-3009 "exact" scheme.
+
+Pure but for eth-account (EIP-712 signer recovery, the signed settlement transaction): no node, no web3.
+`payment` is always the decoded X-PAYMENT object: {x402Version: 1, scheme: 'exact', network, payload}, with
+`payload` either a proof of a transfer already made (form 1: {txHash, from, amount, to, chainId, tokenAddress,
+timestamp}) or an EIP-3009 authorization (form 2: {signature, authorization: {from, to, value, validAfter,
+validBefore, nonce}}). Amounts are integers in USDC base units; addresses are compared checksummed.
+"""
+
+import base64
+import binascii
+import json
+import re
+import sys
+from dataclasses import dataclass
+
+_recursion_limit = sys.getrecursionlimit()
+from eth_account import Account  # noqa: E402
+from eth_account.messages import encode_typed_data  # noqa: E402
+sys.setrecursionlimit(_recursion_limit)     # importing eth_account raises it to 100000: deep input could then crash us
+
+from verifier.checks import checksummed  # noqa: E402
+from verifier.errors import VerificationError  # noqa: E402
+
+# network -> (chain id, EIP-712 domain name, version) of its USDC, as x402 clients sign them
+NETWORKS = {'base': (8453, 'USD Coin', '2'), 'base-sepolia': (84532, 'USDC', '2')}
+USDC_DECIMALS = 6
+# transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,uint8,bytes32,bytes32)
+TRANSFER_WITH_AUTHORIZATION = '0xe3ee160e'
+SETTLEMENT_GAS = 120_000
+AUTHORIZATION_TYPES = {'TransferWithAuthorization': [
+    {'name': 'from', 'type': 'address'}, {'name': 'to', 'type': 'address'}, {'name': 'value', 'type': 'uint256'},
+    {'name': 'validAfter', 'type': 'uint256'}, {'name': 'validBefore', 'type': 'uint256'},
+    {'name': 'nonce', 'type': 'bytes32'}]}
+MAX_HEADER = 16_384
+UINT256_MAX = 2**256 - 1
+HALF_CURVE_ORDER = 0x7fffffffffffffffffffffffffffffff5d576e7357a4501ddfe92f46681b20a0   # EIP-2: s above is refused
+
+_BASE64 = re.compile(r'[A-Za-z0-9+/_-]+={0,2}')
+_HASH = re.compile(r'0x[0-9a-fA-F]{64}')
+_SIGNATURE = re.compile(r'0x[0-9a-fA-F]{130}')
+_UINT = re.compile(r'[0-9]{1,78}')
+_USDC_AMOUNT = re.compile(r'([0-9]{1,60})(?:\.([0-9]{1,6}))?')
+
+
+def _invalid(message):
+    return VerificationError(message, 'payment_invalid')
+
+
+# ----- the headers -----
+
+def decode_payment_header(header):
+    """The X-PAYMENT header (base64, standard or URL-safe, padding optional, of a JSON object) as a dict."""
+    if not isinstance(header, str) or len(header) > MAX_HEADER or not _BASE64.fullmatch(header.strip()):
+        raise _invalid('X-PAYMENT is not base64.')
+    text = header.strip().rstrip('=').replace('-', '+').replace('_', '/')
+    try:
+        payment = json.loads(base64.b64decode(text + '=' * (-len(text) % 4), validate=True).decode('utf-8'))
+    except (ValueError, binascii.Error, RecursionError):
+        raise _invalid('X-PAYMENT is not base64 of a JSON object.') from None
+    if not isinstance(payment, dict):
+        raise _invalid('X-PAYMENT is not base64 of a JSON object.')
+    return payment
+
+
+def encode_payment_response(response):
+    """A dict as an X-PAYMENT-RESPONSE header value: standard base64 of its JSON."""
+    return base64.b64encode(json.dumps(response, separators=(',', ':')).encode('utf-8')).decode('ascii')
+
+
+# ----- the two forms -----
+
+def payment_form(payment, *, chain_id):
+    """'proof' (form 1) or 'authorization' (form 2), once version, scheme and network check out."""
+    if not isinstance(payment, dict):
+        raise _invalid('The payment is not a JSON object.')
+    version = payment.get('x402Version')
+    if type(version) is not int or version != 1:
+        raise _invalid(f'x402Version is {version!r}; only 1 is supported.')
+    if payment.get('scheme') != 'exact':
+        raise _invalid(f'The scheme is {payment.get("scheme")!r}; only "exact" is supported.')
+    network = payment.get('network')
+    if not isinstance(network, str):
+        raise _invalid('The network is missing.')
+    if network not in NETWORKS or NETWORKS[network][0] != int(chain_id):
+        raise VerificationError(f'The payment is for network {network!r}, not for chain {chain_id}.',
+                                'payment_wrong_chain')
+    payload = payment.get('payload')
+    if not isinstance(payload, dict):
+        raise _invalid('The payment has no payload object.')
+    if 'txHash' in payload and 'signature' not in payload and 'authorization' not in payload:
+        return 'proof'
+    if 'signature' in payload and 'authorization' in payload and 'txHash' not in payload:
+        return 'authorization'
+    raise _invalid('The payload is neither a proof (txHash) nor an authorization (signature, authorization).')
+
+
+def _uint(value, what):
+    """A uint256 from an int or a decimal string."""
+    if type(value) is int or (isinstance(value, str) and _UINT.fullmatch(value)):
+        number = int(value)
+        if 0 <= number <= UINT256_MAX:
+            return number
+    raise _invalid(f'{what} is not a whole number (an integer or a decimal string).')
+
+
+def usdc_base_units(amount):
+    """A decimal USDC amount ("0.01") in base units (10000)."""
+    found = _USDC_AMOUNT.fullmatch(amount) if isinstance(amount, str) else None
+    if not found:
+        raise _invalid(f'The amount {amount!r} is not a decimal USDC amount with at most {USDC_DECIMALS} places.')
+    whole, fraction = found.groups()
+    return int(whole) * 10**USDC_DECIMALS + int((fraction or '').ljust(USDC_DECIMALS, '0'))
+
+
+# ----- form 1: a proof of a transfer already made -----
+
+@dataclass(frozen=True)
+class ProofClaims:
+    """What a form-1 payload claims (to compare with the chain, never to trust): normalised."""
+
+    tx_hash: str        # lowercase
+    payer: str
+    recipient: str
+    amount: int
+    chain_id: int
+    token: str
+    timestamp: int
+
+
+def check_proof_claims(payment, *, chain_id, token, pay_to, min_amount):
+    """The claims of a form-1 payment, checked against what is required before any node is asked."""
+    if payment_form(payment, chain_id=chain_id) != 'proof':
+        raise _invalid('The payment is not a proof of a transfer (payload.txHash).')
+    payload = payment['payload']
+    tx_hash = payload.get('txHash')
+    if not isinstance(tx_hash, str) or not _HASH.fullmatch(tx_hash):
+        raise _invalid('payload.txHash is not 0x followed by 64 hexadecimal digits.')
+    claims = ProofClaims(tx_hash.lower(), checksummed(payload.get('from'), 'payer (payload.from)'),
+                         checksummed(payload.get('to'), 'recipient (payload.to)'),
+                         usdc_base_units(payload.get('amount')), _uint(payload.get('chainId'), 'payload.chainId'),
+                         checksummed(payload.get('tokenAddress'), 'token (payload.tokenAddress)'),
+                         _uint(payload.get('timestamp'), 'payload.timestamp'))
+    if claims.chain_id != int(chain_id):
+        raise VerificationError(f'The payment claims chain {claims.chain_id}, not chain {chain_id}.',
+                                'payment_wrong_chain')
+    if claims.token != checksummed(token, 'token address'):
+        raise VerificationError(f'The payment claims token {claims.token}, not USDC at {checksummed(token)}.',
+                                'payment_wrong_token')
+    if claims.recipient != checksummed(pay_to, 'payTo'):
+        raise VerificationError(f'The payment claims to pay {claims.recipient}, not {checksummed(pay_to)}.',
+                                'payment_wrong_recipient')
+    if claims.amount < min_amount:
+        raise VerificationError(f'The payment claims {claims.amount} base units; at least {min_amount} are needed.',
+                                'payment_insufficient')
+    return claims
+
+
+# ----- form 2: an EIP-3009 authorization (the x402 "exact" EVM scheme) -----
+
+def parse_authorization(payment):
+    """A form-2 payload's fields, normalised: {from, to (checksummed), value, validAfter, validBefore (ints),
+    nonce (lowercase 0x + 64 hex), signature (65 bytes)}; payment_invalid if one is malformed."""
+    payload = payment.get('payload') if isinstance(payment, dict) else None
+    authorization = payload.get('authorization') if isinstance(payload, dict) else None
+    if not isinstance(authorization, dict):
+        raise _invalid('The payload has no authorization object.')
+    nonce = authorization.get('nonce')
+    if not isinstance(nonce, str) or not _HASH.fullmatch(nonce):
+        raise _invalid('authorization.nonce is not 32 bytes as 0x followed by 64 hexadecimal digits.')
+    return {'from': checksummed(authorization.get('from'), 'payer (authorization.from)'),
+            'to': checksummed(authorization.get('to'), 'recipient (authorization.to)'),
+            'value': _uint(authorization.get('value'), 'authorization.value'),
+            'validAfter': _uint(authorization.get('validAfter'), 'authorization.validAfter'),
+            'validBefore': _uint(authorization.get('validBefore'), 'authorization.validBefore'),
+            'nonce': nonce.lower(), 'signature': _signature_bytes(payload.get('signature'))}
+
+
+def _signature_bytes(signature):
+    """65 bytes r || s || v with v 27 or 28 (0 and 1 are read as 27 and 28) and a low s, as USDC takes them."""
+    if not isinstance(signature, str) or not _SIGNATURE.fullmatch(signature):
+        raise VerificationError('The signature is not 65 bytes as 0x followed by 130 hexadecimal digits.',
+                                'payment_signature_invalid')
+    raw = bytes.fromhex(signature[2:])
+    v = raw[64] + 27 if raw[64] in (0, 1) else raw[64]
+    if v not in (27, 28) or int.from_bytes(raw[32:64], 'big') > HALF_CURVE_ORDER:
+        raise VerificationError('The signature is malformed (v must be 27 or 28, s in the lower half).',
+                                'payment_signature_invalid')
+    return raw[:64] + bytes([v])
+
+
+def recover_authorization_signer(authorization, signature, *, chain_id, token, name, version):
+    """The address that signed this EIP-712 TransferWithAuthorization for the token's domain."""
+    fields = parse_authorization({'payload': {'authorization': authorization, 'signature': signature}})
+    message = {'from': fields['from'], 'to': fields['to'], 'value': fields['value'],
+               'validAfter': fields['validAfter'], 'validBefore': fields['validBefore'],
+               'nonce': bytes.fromhex(fields['nonce'][2:])}
+    try:
+        signable = encode_typed_data(
+            domain_data={'name': name, 'version': version, 'chainId': int(chain_id),
+                         'verifyingContract': checksummed(token, 'token address')},
+            message_types=AUTHORIZATION_TYPES, message_data=message)
+        return Account.recover_message(signable, signature=fields['signature'])
+    except VerificationError:
+        raise
+    except Exception:       # eth_keys' BadSignature, ValueError: a signature that recovers to no one
+        raise VerificationError('The signature recovers to no address.', 'payment_signature_invalid') from None
+
+
+def check_authorization(payment, *, chain_id, token, pay_to, min_amount, now, name=None, version=None):
+    """The payer of a form-2 payment, once it is signed by `authorization.from` for this chain and token, to
+    `pay_to`, for at least `min_amount`, and valid at `now` (unix seconds). Nothing is asked of the chain.
+    The EIP-712 domain's name and version default to those of the chain's USDC (NETWORKS)."""
+    if payment_form(payment, chain_id=chain_id) != 'authorization':
+        raise _invalid('The payment is not an authorization (payload.signature, payload.authorization).')
+    fields = parse_authorization(payment)
+    _, default_name, default_version = NETWORKS[payment['network']]     # payment_form: the network is this chain's
+    name, version = name or default_name, version or default_version
+    payload = payment['payload']
+    signer = recover_authorization_signer(payload['authorization'], payload['signature'], chain_id=chain_id,
+                                          token=token, name=name, version=version)
+    if signer != fields['from']:
+        raise VerificationError(f'The authorization is signed by {signer}, not by {fields["from"]} (or for another '
+                                'token, chain or amount).', 'payment_signature_invalid')
+    if fields['to'] != checksummed(pay_to, 'payTo'):
+        raise VerificationError(f'The authorization pays {fields["to"]}, not {checksummed(pay_to)}.',
+                                'payment_wrong_recipient')
+    if fields['value'] < min_amount:
+        raise VerificationError(f'The authorization is for {fields["value"]} base units; at least {min_amount} '
+                                'are needed.', 'payment_insufficient')
+    if not fields['validAfter'] < now < fields['validBefore']:
+        raise VerificationError(f'The authorization is valid only after {fields["validAfter"]} and before '
+                                f'{fields["validBefore"]}; it is {int(now)}.', 'payment_expired')
+    return signer
+
+
+def _word(value):
+    return format(value, '064x')
+
+
+def sign_transfer_with_authorization(relayer_key, *, token, payment, nonce, chain_id, max_fee_per_gas,
+                                     max_priority_fee_per_gas, gas=SETTLEMENT_GAS):
+    """The settlement of a form-2 payment, signed by the relayer (who pays the gas): an EIP-1559 call of
+    transferWithAuthorization(..., v, r, s) on `token`. (raw transaction hex, transaction hash hex); nothing is sent."""
+    fields = parse_authorization(payment)
+    signature = fields['signature']
+    data = (TRANSFER_WITH_AUTHORIZATION + _word(int(fields['from'], 16)) + _word(int(fields['to'], 16))
+            + _word(fields['value']) + _word(fields['validAfter']) + _word(fields['validBefore'])
+            + fields['nonce'][2:] + _word(signature[64]) + signature[:32].hex() + signature[32:64].hex())
+    signed = Account.sign_transaction({
+        'type': 2, 'chainId': int(chain_id), 'nonce': int(nonce), 'to': checksummed(token, 'token address'),
+        'value': 0, 'data': data, 'gas': int(gas), 'maxFeePerGas': int(max_fee_per_gas),
+        'maxPriorityFeePerGas': int(max_priority_fee_per_gas)}, relayer_key)
+    return signed.raw_transaction.to_0x_hex(), signed.hash.to_0x_hex()
