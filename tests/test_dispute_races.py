@@ -10,7 +10,7 @@ from datetime import timedelta
 import requests
 
 from conftest import ADMIN_KEY, ROOT, LiveServer
-from test_server import (TIMEOUT, Output, bearer, cli_env, get_job, ledger_of, new_account, new_job, post,
+from test_server import (TIMEOUT, claim_and_deliver, Output, bearer, cli_env, get_job, ledger_of, new_account, new_job, post,
                          register_agent, run_concurrently, stop)
 
 import marketplace as mp
@@ -36,12 +36,7 @@ def claim(server, job_id, agent_id, key):
 def delivered_job(server, requester_key, agent, worker_key, **overrides):
     """A job with one delivered claim: (job, claim id)."""
     job = new_job(server, requester_key, **overrides)
-    claim_id = claim(server, job['id'], agent['id'], worker_key)
-    answer = post(f'{server.url}/api/jobs/{job["id"]}/deliver',
-                  {'claimId': claim_id, 'deliverable': {'type': 'url', 'url': 'https://example.com/out'}}, worker_key)
-    assert answer.status_code == 200, answer.text
-    assert answer.json()['job']['status'] == 'delivered'
-    return job, claim_id
+    return job, claim_and_deliver(server, job, agent['id'], worker_key)
 
 
 def open_dispute(server, job_id, claim_id, requester_key):

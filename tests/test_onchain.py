@@ -19,6 +19,7 @@ import requests
 import chain
 from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, Account  # web3/eth-account only through chain.py
 from conftest import LiveServer, free_port, job_body
+from test_server import claim_and_deliver
 
 import marketplace as mp
 
@@ -126,13 +127,7 @@ def job_total(server):
 
 
 def delivered(server, job, worker_key, agent):
-    claim = call(server, 'POST', f'/api/jobs/{job["id"]}/claim', {'agentId': agent['id']}, worker_key)
-    assert claim.status_code == 201, claim.text
-    claim_id = claim.json()['claim']['id']
-    answer = call(server, 'POST', f'/api/jobs/{job["id"]}/deliver',
-                  {'claimId': claim_id, 'deliverable': {'type': 'url', 'url': 'https://example.com/out'}}, worker_key)
-    assert answer.status_code == 200, answer.text
-    return claim_id
+    return claim_and_deliver(server, job, agent['id'], worker_key)
 
 
 def verify(server, job, claim_id, approved, requester_key):

@@ -48,6 +48,18 @@ def new_job(server, key, **overrides):
     return answer.json()['job']
 
 
+def claim_and_deliver(server, job, agent_id, worker_key):
+    """Claim a job for an agent and deliver it over HTTP; the claim id."""
+    claim = post(f'{server.url}/api/jobs/{job["id"]}/claim', {'agentId': agent_id}, worker_key)
+    assert claim.status_code == 201, claim.text
+    claim_id = claim.json()['claim']['id']
+    delivered = post(f'{server.url}/api/jobs/{job["id"]}/deliver',
+                     {'claimId': claim_id, 'deliverable': {'type': 'url', 'url': 'https://example.com/out'}}, worker_key)
+    assert delivered.status_code == 200, delivered.text
+    assert delivered.json()['job']['status'] == 'delivered'
+    return claim_id
+
+
 def get_job(server, job_id):
     answer = requests.get(f'{server.url}/api/jobs/{job_id}', timeout=TIMEOUT)
     assert answer.status_code == 200, answer.text
@@ -146,14 +158,7 @@ def test_twenty_concurrent_approvals_pay_exactly_once(tmp_path):
         requester, requester_key = new_account(server, 'requester')
         agent, worker_key = register_agent(server, 'worker')
         job = new_job(server, requester_key, paymentAmount='40.00')
-        claim = post(f'{server.url}/api/jobs/{job["id"]}/claim', {'agentId': agent['id']}, worker_key)
-        assert claim.status_code == 201, claim.text
-        claim_id = claim.json()['claim']['id']
-        delivered = post(f'{server.url}/api/jobs/{job["id"]}/deliver',
-                         {'claimId': claim_id, 'deliverable': {'type': 'url', 'url': 'https://example.com/out'}},
-                         worker_key)
-        assert delivered.status_code == 200, delivered.text
-        assert delivered.json()['job']['status'] == 'delivered'
+        claim_id = claim_and_deliver(server, job, agent['id'], worker_key)
 
         answers = run_concurrently(20, lambda i: post(f'{server.url}/api/jobs/{job["id"]}/verify',
                                                       {'claimId': claim_id, 'approved': True}, requester_key))

@@ -21,7 +21,7 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from conftest import LiveServer, Receiver, job_body, random_wallet
-from test_server import TIMEOUT, Output, bearer, get_job, new_account, new_job, post, stop
+from test_server import TIMEOUT, Output, bearer, claim_and_deliver, get_job, new_account, new_job, post, stop
 
 import marketplace as mp
 
@@ -149,13 +149,7 @@ def test_every_event_arrives_with_the_spec_body_and_verifiable_signatures(tmp_pa
 
         # Job A: claim, deliver, approve (10 % fee: the payout is 11.11 of 12.34).
         job_a = new_job(server, requester_key, title='Will be paid', paymentAmount='12.34')
-        claim_a = post(f'{server.url}/api/jobs/{job_a["id"]}/claim', {'agentId': worker['id']}, worker_key)
-        assert claim_a.status_code == 201, claim_a.text
-        claim_a_id = claim_a.json()['claim']['id']
-        delivered = post(f'{server.url}/api/jobs/{job_a["id"]}/deliver',
-                         {'claimId': claim_a_id, 'deliverable': {'type': 'url', 'url': 'https://example.com/a'}},
-                         worker_key)
-        assert delivered.status_code == 200, delivered.text
+        claim_a_id = claim_and_deliver(server, job_a, worker['id'], worker_key)
         approved = post(f'{server.url}/api/jobs/{job_a["id"]}/verify', {'claimId': claim_a_id, 'approved': True},
                         requester_key)
         assert approved.status_code == 200, approved.text
@@ -164,13 +158,7 @@ def test_every_event_arrives_with_the_spec_body_and_verifiable_signatures(tmp_pa
 
         # Job B: claim, deliver, dispute.
         job_b = new_job(server, requester_key, title='Will be disputed', paymentAmount='20.00')
-        claim_b = post(f'{server.url}/api/jobs/{job_b["id"]}/claim', {'agentId': worker['id']}, worker_key)
-        assert claim_b.status_code == 201, claim_b.text
-        claim_b_id = claim_b.json()['claim']['id']
-        delivered = post(f'{server.url}/api/jobs/{job_b["id"]}/deliver',
-                         {'claimId': claim_b_id, 'deliverable': {'type': 'url', 'url': 'https://example.com/b'}},
-                         worker_key)
-        assert delivered.status_code == 200, delivered.text
+        claim_b_id = claim_and_deliver(server, job_b, worker['id'], worker_key)
         disputed = post(f'{server.url}/api/jobs/{job_b["id"]}/dispute',
                         {'claimId': claim_b_id, 'reason': 'It does not run.'}, requester_key)
         assert disputed.status_code == 201, disputed.text
