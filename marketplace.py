@@ -712,6 +712,7 @@ class OnChain:
         self.settings = settings
         self.chain = Chain(settings.rpc_url)
         self.quick = Chain(settings.rpc_url, timeout=2)      # for /api/health
+        self.latest = None      # (when asked, the latest block number or None): health's view of the node
         self.fees = None
 
     def start(self, db):
@@ -816,10 +817,14 @@ class OnChain:
         return result
 
     def health(self):
-        try:
-            latest = self.quick.block_number()
-        except VerificationError:
-            latest = None
+        """What /api/health shows of the chain. The node is asked at most once per block time (2 s), so
+        monitors probing often neither load it nor wait on it more than that."""
+        if self.latest is None or time.monotonic() - self.latest[0] >= 2:
+            try:
+                self.latest = (time.monotonic(), self.quick.block_number())
+            except VerificationError:
+                self.latest = (time.monotonic(), None)
+        latest = self.latest[1]
         return {'chainId': self.settings.chain_id, 'latestBlock': latest, 'escrowAddress': self.escrow_address,
                 'usdcAddress': self.usdc, 'reachable': latest is not None}
 

@@ -194,6 +194,8 @@ def test_a_funded_job_opens_and_health_shows_the_chain(anvil, usdc, tmp_path):
             {'type': 'escrow', 'status': 'confirmed', 'txHash': tx_hash, 'amount': '25.00', 'currency': 'USDC',
              'rail': 'base'}
 
+        # Health asks the node at most once per block time (2 s): its view is at most that old.
+        time.sleep(2.1)
         health = call(server, 'GET', '/api/health')
         assert health.status_code == 200, health.text
         assert health.json()['payments'] == 'onchain'

@@ -151,6 +151,18 @@ def test_a_reachable_node_shows_its_latest_block(node, client):
     assert ('eth_getTransactionCount', [ESCROW, 'pending']) in node.calls
 
 
+def test_health_asks_the_node_at_most_once_per_block_time(node, client):
+    node.latest = 4321
+    before = node.count('eth_blockNumber')
+    assert [client.get('/api/health').json['chain']['latestBlock'] for _ in range(5)] == [4321] * 5
+    assert node.count('eth_blockNumber') == before + 1
+    onchain = client.app.service.settings.onchain
+    onchain.latest = (time.monotonic() - 2.5, onchain.latest[1])     # its view is now older than a block time
+    node.latest = 4322
+    assert client.get('/api/health').json['chain']['latestBlock'] == 4322
+    assert node.count('eth_blockNumber') == before + 2
+
+
 def null_answers(node, *methods):
     """The node answers `result: null` (not a number, not an answer) to these methods."""
     for method in methods:
