@@ -25,10 +25,10 @@ from test_verifier import NODE_URL, FakeNode, answering, make_receipt, tx_hash_o
 from verifier.chain import Chain
 from verifier.checks import check_usdc_transfer
 from verifier.errors import ChainUnavailable, VerificationError
-from verifier.x402 import (AUTHORIZATION_TYPES, NETWORKS, SETTLEMENT_GAS, TRANSFER_WITH_AUTHORIZATION, ProofClaims,
-                           check_authorization, check_proof_claims, decode_payment_header, encode_payment_response,
-                           parse_authorization, payment_form, recover_authorization_signer,
-                           sign_transfer_with_authorization, usdc_base_units)
+from verifier.x402 import (AUTHORIZATION_CHECKS, AUTHORIZATION_TYPES, NETWORKS, SETTLEMENT_GAS, TRANSFER_WITH_AUTHORIZATION, ProofClaims,
+                           decode_payment_header, encode_payment_response, evaluate_payment, parse_authorization,
+                           proof_claims, recover_authorization_signer, sign_transfer_with_authorization,
+                           usdc_base_units)
 
 PAYER_KEY = DEV_KEYS[1]
 PAYER = DEV_ADDRESSES[1]
@@ -96,10 +96,30 @@ def authorized(key=PAYER_KEY, to=PAY_TO, value=PRICE, valid_after=NOW - 600, val
     return x_payment(sign_authorization(key, to, value, valid_after, valid_before, nonce, **domain), network)
 
 
-def check(payment, **overrides):
+def evaluate(payment, **overrides):
+    """evaluate_payment without a node: only the checks that need none."""
     args = dict(chain_id=CHAIN_ID, token=USDC, pay_to=PAY_TO, min_amount=PRICE, now=NOW)
     args.update(overrides)
-    return check_authorization(payment, **args)
+    return evaluate_payment(payment, **args)
+
+
+def refusal(payment, **overrides):
+    """The code of a payment's first failed check (None if every check passed)."""
+    error = evaluate(payment, **overrides).error
+    return error and error.code
+
+
+def of_form(form, evaluation):
+    """The evaluation's first failure raised; payment_invalid if the payment is of the other form."""
+    evaluation.checks.raise_first()
+    if evaluation.form != form:
+        raise VerificationError(f'not a payment of the form {form}', 'payment_invalid')
+    return evaluation
+
+
+def check(payment, **overrides):
+    """The payer of a good authorization; the first failure raised."""
+    return of_form('authorization', evaluate(payment, **overrides)).payer
 
 
 def proof(**changes):
@@ -111,9 +131,8 @@ def proof(**changes):
 
 
 def claims(payment, **overrides):
-    args = dict(chain_id=CHAIN_ID, token=USDC, pay_to=PAY_TO, min_amount=PRICE)
-    args.update(overrides)
-    return check_proof_claims(payment, **args)
+    """The claims of a good proof (checked without a node); the first failure raised."""
+    return proof_claims(of_form('proof', evaluate(payment, **overrides)).payment['payload'])
 
 
 # ----- the headers -----
@@ -149,11 +168,11 @@ def test_encode_payment_response_is_standard_base64_json():
 # ----- the two forms -----
 
 def test_payment_form_tells_the_two_forms_apart_by_the_payloads_keys():
-    assert payment_form(proof(), chain_id=CHAIN_ID) == 'proof'
-    assert payment_form(authorized(), chain_id=CHAIN_ID) == 'authorization'
-    assert payment_form(x402_client_payment(PAYER_KEY), chain_id=CHAIN_ID) == 'authorization'
+    assert evaluate(proof(), chain_id=CHAIN_ID).form == 'proof'
+    assert evaluate(authorized(), chain_id=CHAIN_ID).form == 'authorization'
+    assert evaluate(x402_client_payment(PAYER_KEY), chain_id=CHAIN_ID).form == 'authorization'
     sepolia = x_payment({'txHash': tx_hash_of('x')}, network='base-sepolia')
-    assert payment_form(sepolia, chain_id=84532) == 'proof'
+    assert evaluate(sepolia, chain_id=84532).form == 'proof'
 
 
 def test_the_networks_and_their_usdc_domains():
@@ -173,20 +192,20 @@ def test_the_networks_and_their_usdc_domains():
     ({'payload': {'txHash': tx_hash_of('x'), 'signature': '0x', 'authorization': {}}}, 'payment_invalid'),  # both
 ])
 def test_payment_form_refusals(change, code):
-    assert refused(payment_form, dict(proof(), **change), chain_id=CHAIN_ID) == code
+    assert refusal(dict(proof(), **change)) == code
     if list(change.values()) == [None]:                                         # missing, not null
         missing = {key: value for key, value in proof().items() if key not in change}
-        assert refused(payment_form, missing, chain_id=CHAIN_ID) == code
+        assert refusal(missing) == code
 
 
 def test_a_payment_that_is_not_an_object_is_payment_invalid():
     for payment in (None, [], 'base', 1):
-        assert refused(payment_form, payment, chain_id=CHAIN_ID) == 'payment_invalid'
+        assert refusal(payment, chain_id=CHAIN_ID) == 'payment_invalid'
 
 
 def test_the_network_must_be_the_configured_chains():
-    assert refused(payment_form, proof(), chain_id=84532) == 'payment_wrong_chain'
-    assert refused(payment_form, proof(), chain_id=31337) == 'payment_wrong_chain'
+    assert refusal(proof(), chain_id=84532) == 'payment_wrong_chain'
+    assert refusal(proof(), chain_id=31337) == 'payment_wrong_chain'
 
 
 # ----- form 1: the claims of a proof, before any node is asked -----
@@ -306,7 +325,7 @@ def test_a_malformed_or_unrecoverable_signature_is_payment_signature_invalid(man
         'payment_signature_invalid'
 
 
-# ----- form 2: check_authorization -----
+# ----- form 2: the checks of an authorization, without a node -----
 
 def test_a_good_authorization_returns_the_payer():
     assert check(authorized()) == PAYER
@@ -553,11 +572,11 @@ def test_an_authorization_settles_on_chain_once(anvil, usdc):
     signed = sign_authorization(PAYER_KEY, pay_to, PRICE, valid_after=now - 600, valid_before=now + 600)
     header = header_of(x_payment(signed))
 
-    payment = decode_payment_header(header)
-    assert payment_form(payment, chain_id=node.chain_id()) == 'authorization'
-    payer = check_authorization(payment, chain_id=CHAIN_ID, token=USDC, pay_to=pay_to, min_amount=PRICE, now=now)
-    assert payer == PAYER
-    nonce = payment['payload']['authorization']['nonce']
+    evaluation = evaluate(header, chain=node, pay_to=pay_to, now=now)        # every check, the node's too
+    assert evaluation.form == 'authorization' and evaluation.payer == PAYER and evaluation.amount == PRICE
+    assert evaluation.checks.as_dict() == dict.fromkeys(AUTHORIZATION_CHECKS, True) and evaluation.valid
+    payment, payer, nonce = evaluation.payment, evaluation.payer, evaluation.nonce
+    assert nonce == payment['payload']['authorization']['nonce']
     assert node.authorization_used(USDC, payer, nonce) is False
     assert node.token_balance(USDC, payer) >= PRICE
 
@@ -572,7 +591,15 @@ def test_an_authorization_settles_on_chain_once(anvil, usdc):
     assert node.authorization_used(USDC, payer, nonce.upper().replace('0X', '0x')) is True
     assert node.authorization_used(USDC, pay_to, nonce) is False
 
-    # The same authorization again: the token refuses it (mined, status 0), and nothing moves.
+    # Checked again, it is a replay (authorizationState); the service's own record is asked first.
+    again = evaluate(header, chain=node, pay_to=pay_to, now=now)
+    assert again.checks.as_dict() == dict(dict.fromkeys(AUTHORIZATION_CHECKS, True), notReplayed=False)
+    assert again.error.code == 'payment_replayed' and not again.valid
+    seen = []
+    assert evaluate(header, chain=node, pay_to=pay_to, now=now,
+                    authorization_used=lambda *key: seen.append(key) or True).error.code == 'payment_replayed'
+    assert seen == [(PAYER, nonce)]
+    # The same authorization sent again: the token refuses it (mined, status 0), and nothing moves.
     again = settle(node, payment)
     assert again['status'] == 0 and again['logs'] == []
     assert anvil.balance(PAYER) == payer_usdc - PRICE
@@ -586,8 +613,8 @@ def test_the_x402_clients_authorization_settles_on_chain(anvil, usdc):
     anvil.mint(PAYER, PRICE)
     now = anvil.timestamp()
     payment = decode_payment_header(header_of(x402_client_payment(PAYER_KEY, requirements, now=now)))
-    assert check_authorization(payment, chain_id=CHAIN_ID, token=requirements['asset'], pay_to=requirements['payTo'],
-                               min_amount=int(requirements['maxAmountRequired']), now=now) == PAYER
+    assert check(payment, token=requirements['asset'], pay_to=requirements['payTo'],
+                 min_amount=int(requirements['maxAmountRequired']), now=now) == PAYER
     assert settle(node, payment)['status'] == 1
     assert anvil.balance(requirements['payTo']) == PRICE
     assert anvil.balance(PAYER) == 0
@@ -600,7 +627,7 @@ def test_an_authorization_for_another_token_chain_or_name_is_refused_before_anyt
     for domain in ({'token': OTHER_TOKEN}, {'chain_id': 84532}, {'chain_id': 1}, {'name': 'USDC'}, {'version': '1'}):
         payment = x_payment(sign_authorization(PAYER_KEY, PAY_TO, PRICE, now - 600, now + 600, **domain))
         with pytest.raises(VerificationError) as raised:
-            check_authorization(payment, chain_id=CHAIN_ID, token=USDC, pay_to=PAY_TO, min_amount=PRICE, now=now)
+            check(payment, now=now)
         assert code_of(raised) == 'payment_signature_invalid', domain
     assert (anvil.block_number(), node.nonce(RELAYER), anvil.balance(PAYER)) == (block, relayer_nonce, PRICE)
     # and the chain agrees: the token refuses such a signature

@@ -14,8 +14,8 @@ from web3 import HTTPProvider, Web3  # noqa: E402
 from web3.exceptions import BlockNotFound, TransactionNotFound  # noqa: E402
 sys.setrecursionlimit(_recursion_limit)     # importing web3 raises it to 100000: deep input could then crash us
 
-from verifier.checks import (Transfer, check_canonical, check_chain_id, check_confirmations, check_fresh,
-                             check_usdc_transfer, checksummed)
+from verifier.checks import (STEP_OF_CODE, TRANSFER_CHECKS, TRANSFER_STEPS, Checks, check_canonical, check_chain_id,
+                             check_confirmations, check_fresh, check_succeeded, check_usdc_transfer, checksummed)
 from verifier.errors import ChainUnavailable, VerificationError
 
 log = logging.getLogger('verifier.chain')
@@ -129,20 +129,50 @@ class Chain:
     def verify_usdc_payment(self, tx_hash, *, chain_id, token, recipient, min_amount, payer=None,
                             confirmations=1, max_age_seconds=None, now=None):
         """Fetch a transaction and check it paid `recipient` at least `min_amount` USDC: found, succeeded, on
-        `chain_id`, from the token contract, deep enough, still canonical, fresh. Returns the Transfer."""
+        `chain_id`, from the token contract, deep enough, still canonical, fresh. Returns the Transfer; the
+        first failed check is raised, and nothing more is asked of the node after it."""
+        return self.check_transfer(Checks(TRANSFER_CHECKS, first_only=True), tx_hash, chain_id=chain_id, token=token,
+                                   recipient=recipient, min_amount=min_amount, payer=payer,
+                                   confirmations=confirmations, max_age_seconds=max_age_seconds, now=now)
+
+    def check_transfer(self, checks, tx_hash, *, chain_id, token, recipient, min_amount, payer=None,
+                       confirmations=1, max_age_seconds=None, now=None):
+        """Run the TRANSFER_CHECKS of a USDC payment into `checks`; the Transfer if the money moved, else None."""
         receipt = self.receipt(tx_hash)
         if receipt is None:
-            raise VerificationError('No mined transaction has this hash (yet).', 'payment_not_found', retry_after=2)
-        check_chain_id(self.transaction_chain_id(tx_hash), chain_id)
-        transfer = check_usdc_transfer(receipt, token=token, recipient=recipient, min_amount=min_amount, payer=payer)
-        check_confirmations(receipt['blockNumber'], self.block_number(), confirmations)
+            checks.fail('found', VerificationError('No mined transaction has this hash (yet).', 'payment_not_found',
+                                                   retry_after=2))
+            checks.skip(*TRANSFER_CHECKS[1:])
+            return None
+        checks.passed('found')
+        if not checks.run('succeeded', check_succeeded, receipt):
+            checks.skip(*TRANSFER_CHECKS[2:])
+            return None
+        checks.run('chainId', check_chain_id, self.transaction_chain_id(tx_hash), chain_id)
+        try:
+            transfer = check_usdc_transfer(receipt, token=token, recipient=recipient, min_amount=min_amount,
+                                           payer=payer)
+        except VerificationError as error:      # check_usdc_transfer's steps, in order: which one failed
+            transfer, failed = None, TRANSFER_STEPS.index(STEP_OF_CODE.get(error.code, 'token'))
+            for step in TRANSFER_STEPS[:failed]:
+                checks.passed(step)
+            checks.fail(TRANSFER_STEPS[failed], error)
+            checks.skip(*TRANSFER_STEPS[failed + 1:])
+        else:
+            for step in TRANSFER_STEPS:
+                checks.passed(step)
+        checks.run('confirmations', check_confirmations, receipt['blockNumber'], self.block_number(), confirmations)
         block = self.block(receipt['blockNumber'])
-        check_canonical(receipt['blockHash'], block and block['hash'])
-        if max_age_seconds is not None:        # too old by the server's clock or by the chain's own (its head)
+        checks.run('confirmations', check_canonical, receipt['blockHash'], block and block['hash'])
+        if max_age_seconds is None:
+            checks.passed('fresh')
+        elif block is None:
+            checks.skip('fresh')
+        else:       # too old by the server's clock or by the chain's own (its head)
             head = self.block('latest')
             reference = max(now if now is not None else time.time(), head['timestamp'] if head else 0)
-            check_fresh(block['timestamp'], reference, max_age_seconds)
-        return Transfer(transfer.payer, transfer.recipient, transfer.amount)
+            checks.run('fresh', check_fresh, block['timestamp'], reference, max_age_seconds)
+        return transfer
 
     def authorization_used(self, token, authorizer, nonce):
         """True once `authorizer`'s EIP-3009 `nonce` (0x + 64 hex digits) is used on `token` (authorizationState)."""

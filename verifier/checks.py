@@ -13,6 +13,11 @@ from verifier.errors import VerificationError
 # keccak256("Transfer(address,address,uint256)")
 TRANSFER_TOPIC = '0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef'
 BASE_BLOCK_SECONDS = 2
+# The checks of a USDC payment on chain, in the order they are made (Chain.check_transfer)
+TRANSFER_CHECKS = ('found', 'succeeded', 'chainId', 'token', 'recipient', 'payer', 'amount', 'confirmations', 'fresh')
+TRANSFER_STEPS = ('token', 'recipient', 'payer', 'amount')     # check_usdc_transfer's, in its order
+STEP_OF_CODE = {'payment_wrong_token': 'token', 'payment_wrong_recipient': 'recipient',
+                'payment_wrong_payer': 'payer', 'payment_insufficient': 'amount'}
 
 
 @dataclass(frozen=True)
@@ -106,3 +111,56 @@ def check_canonical(receipt_block_hash, canonical_block_hash):
 def check_fresh(block_timestamp, now_timestamp, max_age_seconds):
     if max_age_seconds is not None and now_timestamp - block_timestamp > max_age_seconds:
         raise VerificationError(f'The payment is older than {max_age_seconds} seconds.', 'payment_expired')
+
+
+class Checks:
+    """Named checks of one payment, in a fixed order: each passes, or fails with the error that says why (or
+    with none when it could not be checked because an earlier one failed). The first failure in that order is
+    the payment's error. With `first_only`, the first failure is raised at once instead (nothing more is asked)."""
+
+    def __init__(self, names, first_only=False):
+        self.names = tuple(names)
+        self.first_only = first_only
+        self.results = {}       # name -> True / False
+        self.errors = {}        # name -> the VerificationError of a failed check
+
+    def passed(self, name):
+        self.results.setdefault(name, True)
+
+    def fail(self, name, error=None):
+        self.results[name] = False
+        if error is not None:
+            self.errors.setdefault(name, error)
+            if self.first_only:
+                raise error
+
+    def run(self, name, check, /, *args, **kwargs):
+        """Run a check that raises VerificationError when it fails (a node that does not answer is not a failed
+        check: ChainUnavailable goes up). True if it passed."""
+        try:
+            check(*args, **kwargs)
+        except VerificationError as error:
+            if error.code == 'chain_unavailable':
+                raise
+            self.fail(name, error)
+            return False
+        self.passed(name)
+        return True
+
+    def skip(self, *names):
+        """These could not be checked (an earlier check failed): they do not pass."""
+        for name in names:
+            self.fail(name)
+
+    @property
+    def error(self):
+        """The first failure in the checks' order, or None when every check passed."""
+        return next((self.errors[name] for name in self.names if name in self.errors), None)
+
+    def as_dict(self):
+        """{name: passed} for every check, in order; one never run does not pass."""
+        return {name: self.results.get(name, False) for name in self.names}
+
+    def raise_first(self):
+        if self.error is not None:
+            raise self.error

@@ -1,7 +1,8 @@
 """x402 (v1) payments: the X-PAYMENT header, its two forms, and the EIP-3009 "exact" scheme.
 
-Pure but for eth-account (EIP-712 signer recovery, the signed settlement transaction): no node, no web3.
-`payment` is always the decoded X-PAYMENT object: {x402Version: 1, scheme: 'exact', network, payload}, with
+Pure but for eth-account (EIP-712 signer recovery, the signed settlement transaction): no web3. What is on
+chain is asked of a verifier.chain.Chain handed in. `evaluate_payment` runs every check of a payment and
+records each result (POST /api/x402 shows them; a priced call refuses with the first failure). `payment` is the decoded X-PAYMENT object: {x402Version: 1, scheme: 'exact', network, payload}, with
 `payload` either a proof of a transfer already made (form 1: {txHash, from, amount, to, chainId, tokenAddress,
 timestamp}) or an EIP-3009 authorization (form 2: {signature, authorization: {from, to, value, validAfter,
 validBefore, nonce}}). Amounts are integers in USDC base units; addresses are compared checksummed.
@@ -19,7 +20,7 @@ from eth_account import Account  # noqa: E402
 from eth_account.messages import encode_typed_data  # noqa: E402
 sys.setrecursionlimit(_recursion_limit)     # importing eth_account raises it to 100000: deep input could then crash us
 
-from verifier.checks import checksummed  # noqa: E402
+from verifier.checks import Checks, checksummed  # noqa: E402
 from verifier.errors import VerificationError  # noqa: E402
 
 # network -> (chain id, EIP-712 domain name, version) of its USDC, as x402 clients sign them
@@ -68,23 +69,46 @@ def encode_payment_response(response):
     return base64.b64encode(json.dumps(response, separators=(',', ':')).encode('utf-8')).decode('ascii')
 
 
-# ----- the two forms -----
+# ----- checking a payment -----
 
-def payment_form(payment, *, chain_id):
-    """'proof' (form 1) or 'authorization' (form 2), once version, scheme and network check out."""
-    if not isinstance(payment, dict):
-        raise _invalid('The payment is not a JSON object.')
-    version = payment.get('x402Version')
-    if type(version) is not int or version != 1:
-        raise _invalid(f'x402Version is {version!r}; only 1 is supported.')
-    if payment.get('scheme') != 'exact':
-        raise _invalid(f'The scheme is {payment.get("scheme")!r}; only "exact" is supported.')
-    network = payment.get('network')
-    if not isinstance(network, str):
-        raise _invalid('The network is missing.')
-    if network not in NETWORKS or NETWORKS[network][0] != int(chain_id):
-        raise VerificationError(f'The payment is for network {network!r}, not for chain {chain_id}.',
-                                'payment_wrong_chain')
+# The checks of each form, in the order their failures are reported (CONTRACT.md 7: POST /api/x402's `checks`).
+# chainId, token, recipient and amount of a proof compare its claims and, on chain, the transaction itself.
+PROOF_CHECKS = ('decoded', 'version', 'scheme', 'network', 'chainId', 'token', 'recipient', 'payer', 'amount',
+                'found', 'succeeded', 'confirmations', 'fresh', 'notReplayed')
+AUTHORIZATION_CHECKS = ('decoded', 'version', 'scheme', 'network', 'signature', 'recipient', 'amount', 'fresh',
+                        'notReplayed', 'balance')
+ON_CHAIN_ONLY = ('payer', 'found', 'succeeded', 'confirmations', 'balance')     # left out without a node
+
+
+@dataclass
+class Evaluation:
+    """What checking an X-PAYMENT found: its form ('proof', 'authorization' or None when it does not decode), every
+    check's result and the first failure (`error`), and what it pays with. Amounts are base units."""
+
+    form: object
+    checks: Checks
+    payment: object = None          # the decoded X-PAYMENT object
+    payer: object = None
+    amount: object = None           # form 1: moved on chain (claimed, without a node); form 2: authorized
+    tx_hash: object = None          # form 1, lowercase
+    nonce: object = None            # form 2, lowercase
+
+    @property
+    def error(self):
+        return self.checks.error
+
+    @property
+    def valid(self):
+        return all(self.checks.as_dict().values())
+
+
+def _expect(condition, message, code):
+    if not condition:
+        raise VerificationError(message, code)
+
+
+def _payload_form(payment):
+    """'proof' (form 1) or 'authorization' (form 2), told apart by the payload's keys."""
     payload = payment.get('payload')
     if not isinstance(payload, dict):
         raise _invalid('The payment has no payload object.')
@@ -93,6 +117,74 @@ def payment_form(payment, *, chain_id):
     if 'signature' in payload and 'authorization' in payload and 'txHash' not in payload:
         return 'authorization'
     raise _invalid('The payload is neither a proof (txHash) nor an authorization (signature, authorization).')
+
+
+def _check_version(payment):
+    version = payment.get('x402Version')
+    _expect(type(version) is int and version == 1, f'x402Version is {version!r}; only 1 is supported.',
+            'payment_invalid')
+
+
+def _check_scheme(payment):
+    _expect(payment.get('scheme') == 'exact', f'The scheme is {payment.get("scheme")!r}; only "exact" is supported.',
+            'payment_invalid')
+
+
+def _check_network(payment, chain_id):
+    network = payment.get('network')
+    if not isinstance(network, str):
+        raise _invalid('The network is missing.')
+    _expect(network in NETWORKS and NETWORKS[network][0] == int(chain_id),
+            f'The payment is for network {network!r}, not for chain {chain_id}.', 'payment_wrong_chain')
+
+
+def evaluate_payment(payment, *, chain_id, token, pay_to, min_amount, now, chain=None, confirmations=1,
+                     max_age_seconds=None, tx_used=None, authorization_used=None, name=None, version=None):
+    """Check an X-PAYMENT (the header's text, or the object it decodes to) against what is asked: `min_amount`
+    USDC base units of `token` to `pay_to` on `chain_id`, at `now` (unix seconds). Every check of its form runs
+    and is recorded (a node that does not answer raises ChainUnavailable). `chain` (a verifier.chain.Chain) is
+    asked what is on chain; without it those checks are left out. `tx_used(tx_hash)` and
+    `authorization_used(payer, nonce)` say whether the service has taken a proof already. The EIP-712 domain's
+    name and version default to those of the network's USDC (NETWORKS)."""
+    try:
+        if isinstance(payment, str):
+            payment = decode_payment_header(payment)
+        if not isinstance(payment, dict):
+            raise _invalid('The payment is not a JSON object.')
+        form = _payload_form(payment)
+    except VerificationError as error:
+        checks = Checks(('decoded',))
+        checks.fail('decoded', error)
+        return Evaluation(None, checks)
+    names = PROOF_CHECKS if form == 'proof' else AUTHORIZATION_CHECKS
+    checks = Checks(names if chain is not None else [n for n in names if n not in ON_CHAIN_ONLY])
+    checks.passed('decoded')
+    checks.run('version', _check_version, payment)
+    checks.run('scheme', _check_scheme, payment)
+    checks.run('network', _check_network, payment, chain_id)
+    evaluation = Evaluation(form, checks, payment)
+    later = names[names.index('network') + 1:]
+    try:
+        if form == 'proof':
+            _evaluate_proof(evaluation, chain=chain, chain_id=chain_id, token=token, pay_to=pay_to,
+                            min_amount=min_amount, now=now, confirmations=confirmations,
+                            max_age_seconds=max_age_seconds, tx_used=tx_used)
+        else:
+            _evaluate_authorization(evaluation, chain=chain, chain_id=chain_id, token=token, pay_to=pay_to,
+                                    min_amount=min_amount, now=now, authorization_used=authorization_used,
+                                    name=name, version=version)
+    except _Undecodable as undecodable:
+        checks.fail('decoded', undecodable.error)
+        checks.skip(*later)
+    return evaluation
+
+
+class _Undecodable(Exception):
+    """A field of the payload is malformed: nothing after decoding can be checked."""
+
+    def __init__(self, error):
+        super().__init__(error.message)
+        self.error = error
 
 
 def _uint(value, what):
@@ -128,41 +220,49 @@ class ProofClaims:
     timestamp: int
 
 
-def check_proof_claims(payment, *, chain_id, token, pay_to, min_amount):
-    """The claims of a form-1 payment, checked against what is required before any node is asked."""
-    if payment_form(payment, chain_id=chain_id) != 'proof':
-        raise _invalid('The payment is not a proof of a transfer (payload.txHash).')
-    payload = payment['payload']
+def proof_claims(payload):
+    """A form-1 payload's claims, normalised; payment_invalid if one is malformed."""
     tx_hash = payload.get('txHash')
     if not isinstance(tx_hash, str) or not _HASH.fullmatch(tx_hash):
         raise _invalid('payload.txHash is not 0x followed by 64 hexadecimal digits.')
-    claims = ProofClaims(tx_hash.lower(), checksummed(payload.get('from'), 'payer (payload.from)'),
-                         checksummed(payload.get('to'), 'recipient (payload.to)'),
-                         usdc_base_units(payload.get('amount')), _uint(payload.get('chainId'), 'payload.chainId'),
-                         checksummed(payload.get('tokenAddress'), 'token (payload.tokenAddress)'),
-                         _uint(payload.get('timestamp'), 'payload.timestamp'))
-    if claims.chain_id != int(chain_id):
-        raise VerificationError(f'The payment claims chain {claims.chain_id}, not chain {chain_id}.',
-                                'payment_wrong_chain')
-    if claims.token != checksummed(token, 'token address'):
-        raise VerificationError(f'The payment claims token {claims.token}, not USDC at {checksummed(token)}.',
-                                'payment_wrong_token')
-    if claims.recipient != checksummed(pay_to, 'payTo'):
-        raise VerificationError(f'The payment claims to pay {claims.recipient}, not {checksummed(pay_to)}.',
-                                'payment_wrong_recipient')
-    if claims.amount < min_amount:
-        raise VerificationError(f'The payment claims {claims.amount} base units; at least {min_amount} are needed.',
-                                'payment_insufficient')
-    return claims
+    return ProofClaims(tx_hash.lower(), checksummed(payload.get('from'), 'payer (payload.from)'),
+                       checksummed(payload.get('to'), 'recipient (payload.to)'),
+                       usdc_base_units(payload.get('amount')), _uint(payload.get('chainId'), 'payload.chainId'),
+                       checksummed(payload.get('tokenAddress'), 'token (payload.tokenAddress)'),
+                       _uint(payload.get('timestamp'), 'payload.timestamp'))
+
+
+def _evaluate_proof(evaluation, *, chain, chain_id, token, pay_to, min_amount, now, confirmations,
+                    max_age_seconds, tx_used):
+    checks = evaluation.checks
+    try:
+        claims = proof_claims(evaluation.payment['payload'])
+    except VerificationError as error:
+        raise _Undecodable(error) from None
+    token, pay_to = checksummed(token, 'token address'), checksummed(pay_to, 'payTo')
+    evaluation.payer, evaluation.amount, evaluation.tx_hash = claims.payer, claims.amount, claims.tx_hash
+    checks.run('chainId', _expect, claims.chain_id == int(chain_id),
+               f'The payment claims chain {claims.chain_id}, not chain {chain_id}.', 'payment_wrong_chain')
+    checks.run('token', _expect, claims.token == token, f'The payment claims token {claims.token}, not USDC at '
+               f'{token}.', 'payment_wrong_token')
+    checks.run('recipient', _expect, claims.recipient == pay_to,
+               f'The payment claims to pay {claims.recipient}, not {pay_to}.', 'payment_wrong_recipient')
+    checks.run('amount', _expect, claims.amount >= min_amount,
+               f'The payment claims {claims.amount} base units; at least {min_amount} are needed.',
+               'payment_insufficient')
+    if chain is not None:       # the claims are compared with the transaction itself
+        transfer = chain.check_transfer(checks, claims.tx_hash, chain_id=chain_id, token=token, recipient=pay_to,
+                                        min_amount=min_amount, payer=claims.payer, confirmations=confirmations,
+                                        max_age_seconds=max_age_seconds, now=now)
+        evaluation.amount = transfer.amount if transfer else None
+    checks.run('notReplayed', _expect, not (tx_used and tx_used(claims.tx_hash)),
+               'This transaction has paid for something already.', 'payment_replayed')
 
 
 # ----- form 2: an EIP-3009 authorization (the x402 "exact" EVM scheme) -----
 
-def parse_authorization(payment):
-    """A form-2 payload's fields, normalised: {from, to (checksummed), value, validAfter, validBefore (ints),
-    nonce (lowercase 0x + 64 hex), signature (65 bytes)}; payment_invalid if one is malformed."""
-    payload = payment.get('payload') if isinstance(payment, dict) else None
-    authorization = payload.get('authorization') if isinstance(payload, dict) else None
+def _authorization_fields(authorization):
+    """An authorization's fields but the signature, normalised; payment_invalid if one is malformed."""
     if not isinstance(authorization, dict):
         raise _invalid('The payload has no authorization object.')
     nonce = authorization.get('nonce')
@@ -173,7 +273,15 @@ def parse_authorization(payment):
             'value': _uint(authorization.get('value'), 'authorization.value'),
             'validAfter': _uint(authorization.get('validAfter'), 'authorization.validAfter'),
             'validBefore': _uint(authorization.get('validBefore'), 'authorization.validBefore'),
-            'nonce': nonce.lower(), 'signature': _signature_bytes(payload.get('signature'))}
+            'nonce': nonce.lower()}
+
+
+def parse_authorization(payment):
+    """A form-2 payload's fields, normalised: {from, to (checksummed), value, validAfter, validBefore (ints),
+    nonce (lowercase 0x + 64 hex), signature (65 bytes)}; payment_invalid if one is malformed."""
+    payload = payment.get('payload') if isinstance(payment, dict) else None
+    fields = _authorization_fields(payload.get('authorization') if isinstance(payload, dict) else None)
+    return dict(fields, signature=_signature_bytes(payload.get('signature')))
 
 
 def _signature_bytes(signature):
@@ -207,31 +315,39 @@ def recover_authorization_signer(authorization, signature, *, chain_id, token, n
         raise VerificationError('The signature recovers to no address.', 'payment_signature_invalid') from None
 
 
-def check_authorization(payment, *, chain_id, token, pay_to, min_amount, now, name=None, version=None):
-    """The payer of a form-2 payment, once it is signed by `authorization.from` for this chain and token, to
-    `pay_to`, for at least `min_amount`, and valid at `now` (unix seconds). Nothing is asked of the chain.
-    The EIP-712 domain's name and version default to those of the chain's USDC (NETWORKS)."""
-    if payment_form(payment, chain_id=chain_id) != 'authorization':
-        raise _invalid('The payment is not an authorization (payload.signature, payload.authorization).')
-    fields = parse_authorization(payment)
-    _, default_name, default_version = NETWORKS[payment['network']]     # payment_form: the network is this chain's
-    name, version = name or default_name, version or default_version
-    payload = payment['payload']
-    signer = recover_authorization_signer(payload['authorization'], payload['signature'], chain_id=chain_id,
-                                          token=token, name=name, version=version)
-    if signer != fields['from']:
-        raise VerificationError(f'The authorization is signed by {signer}, not by {fields["from"]} (or for another '
-                                'token, chain or amount).', 'payment_signature_invalid')
-    if fields['to'] != checksummed(pay_to, 'payTo'):
-        raise VerificationError(f'The authorization pays {fields["to"]}, not {checksummed(pay_to)}.',
-                                'payment_wrong_recipient')
-    if fields['value'] < min_amount:
-        raise VerificationError(f'The authorization is for {fields["value"]} base units; at least {min_amount} '
-                                'are needed.', 'payment_insufficient')
-    if not fields['validAfter'] < now < fields['validBefore']:
-        raise VerificationError(f'The authorization is valid only after {fields["validAfter"]} and before '
-                                f'{fields["validBefore"]}; it is {int(now)}.', 'payment_expired')
-    return signer
+def _check_signer(payload, payer, **domain):
+    signer = recover_authorization_signer(payload['authorization'], payload.get('signature'), **domain)
+    _expect(signer == payer, f'The authorization is signed by {signer}, not by {payer} (or for another token, '
+            'chain or amount).', 'payment_signature_invalid')
+
+
+def _evaluate_authorization(evaluation, *, chain, chain_id, token, pay_to, min_amount, now, authorization_used,
+                            name, version):
+    checks, payload = evaluation.checks, evaluation.payment['payload']
+    try:
+        fields = _authorization_fields(payload['authorization'])
+    except VerificationError as error:
+        raise _Undecodable(error) from None
+    token, pay_to = checksummed(token, 'token address'), checksummed(pay_to, 'payTo')
+    evaluation.payer, evaluation.amount, evaluation.nonce = fields['from'], fields['value'], fields['nonce']
+    _, default_name, default_version = next((n for n in NETWORKS.values() if n[0] == int(chain_id)), (0, None, None))
+    checks.run('signature', _check_signer, payload, fields['from'], chain_id=chain_id, token=token,
+               name=name or default_name, version=version or default_version)
+    checks.run('recipient', _expect, fields['to'] == pay_to, f'The authorization pays {fields["to"]}, not {pay_to}.',
+               'payment_wrong_recipient')
+    checks.run('amount', _expect, fields['value'] >= min_amount, f'The authorization is for {fields["value"]} base '
+               f'units; at least {min_amount} are needed.', 'payment_insufficient')
+    checks.run('fresh', _expect, fields['validAfter'] < now < fields['validBefore'],
+               f'The authorization is valid only after {fields["validAfter"]} and before {fields["validBefore"]}; '
+               f'it is {int(now)}.', 'payment_expired')
+    used = bool(authorization_used and authorization_used(fields['from'], fields['nonce']))
+    if not used and chain is not None:
+        used = chain.authorization_used(token, fields['from'], fields['nonce'])
+    checks.run('notReplayed', _expect, not used, 'This authorization has been used already.', 'payment_replayed')
+    if chain is not None:
+        balance = chain.token_balance(token, fields['from'])
+        checks.run('balance', _expect, balance >= fields['value'], f'The payer holds {balance} base units of USDC; '
+                   f'the authorization moves {fields["value"]}.', 'payment_insufficient')
 
 
 def _word(value):
