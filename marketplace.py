@@ -59,7 +59,7 @@ import urllib3
 from bottle import request, response
 
 from verifier.addresses import address_problem
-from verifier.errors import VerificationError
+from verifier.errors import ChainUnavailable, VerificationError
 
 HERE = Path(__file__).resolve().parent
 log = logging.getLogger('marketplace')
@@ -118,11 +118,67 @@ def parse_positive(kind):
 
 
 @dataclass(frozen=True)
+class Price:
+    """An endpoint priced for x402: METHOD and its route (as in ROUTES), and what a call costs in USDC base units."""
+
+    method: str
+    rule: str
+    amount: int
+
+    @property
+    def endpoint(self):
+        return f'{self.method} {openapi_path(self.rule)}'
+
+    @property
+    def usdc(self):
+        """The price as a decimal USDC amount: '0.01'."""
+        return f'{self.amount // 10**6}.{self.amount % 10**6:06d}'.rstrip('0').rstrip('.')
+
+
+def parse_prices(entries):
+    """x402 prices: 'METHOD PATH=PRICE' entries (a list, or one string with entries separated by ';' or new
+    lines), PATH a route of the service (/api/jobs/:id, /api/jobs/{id} or /api/jobs/<job_id>), PRICE in USDC."""
+    if isinstance(entries, str):
+        entries = re.split(r'[;\n]', entries)
+    prices = {}
+    for entry in (e.strip() for e in entries):
+        if not entry:
+            continue
+        endpoint, _, amount = entry.rpartition('=')
+        found = _PRICE_AMOUNT.fullmatch(amount.strip())
+        units = int(found[1] + (found[2] or '').ljust(6, '0')) if found else 0
+        if units == 0:
+            raise ValueError(f'{entry!r}: expected METHOD PATH=PRICE with a price in USDC above 0 and at most '
+                             '6 decimal places, e.g. "GET /api/jobs/match=0.01"')
+        method, rule = route_of(endpoint)
+        if rule is None:
+            raise ValueError(f'{entry!r}: the service has no endpoint {endpoint.strip()}')
+        if rule == '/api/x402':
+            raise ValueError(f'{entry!r}: /api/x402 tells callers how to pay; it cannot be priced')
+        prices[(method, rule)] = Price(method, rule, units)
+    return tuple(prices.values())
+
+
+def route_of(endpoint):
+    """(METHOD, route) of 'METHOD PATH', PATH concrete (/api/jobs/3f…) or a template (/api/jobs/:id, {id},
+    <job_id>); (METHOD, None) if the service has no such endpoint. A fixed path wins over a template."""
+    method, _, path = endpoint.strip().partition(' ')
+    method, path = method.upper(), path.strip()
+    rules = sorted((rule for m, rule, _, _ in ROUTES if m == method), key=lambda rule: '<' in rule)
+    return method, next((rule for rule in rules
+                         if re.fullmatch(re.sub(r'<\w+>', '[^/]+', re.escape(rule)), path)), None)
+
+
+_PRICE_AMOUNT = re.compile(r'(\d{1,6})(?:\.(\d{1,6}))?')
+
+
+@dataclass(frozen=True)
 class Setting:
     name: str
     default: object
     type: object
     help: str
+    many: bool = False      # the flag may be given more than once; the env var separates entries with ';'
 
     @property
     def flag(self):
@@ -171,6 +227,11 @@ SETTINGS = [
             'hex private key of the escrow wallet (payTo is its address); best given as the env var'),
     Setting('confirmations', 2, parse_positive(int), 'blocks deep a payment must be (its own block counts as one)'),
     Setting('payment_max_age', 86400.0, parse_positive(float), 'seconds after which a payment is too old to use'),
+    Setting('x402_price', (), parse_prices,
+            'price an endpoint for x402 calls without a key, "METHOD PATH=USDC" (repeatable; needs --rpc-url)',
+            many=True),
+    Setting('facilitator_url', '', str,
+            'an x402 facilitator (its /verify and /settle) to settle authorizations instead of the escrow wallet'),
 ]
 
 
@@ -198,6 +259,9 @@ def add_setting_flags(parser):
             parser.add_argument(setting.flag, dest=setting.name, default=None,
                                 action=argparse.BooleanOptionalAction,
                                 help=f'{setting.help} [env {setting.env}]')
+        elif setting.many:
+            parser.add_argument(setting.flag, dest=setting.name, default=None, metavar='VALUE', action='append',
+                                help=f'{setting.help} [env {setting.env}, entries separated by ;]')
         else:
             parser.add_argument(setting.flag, dest=setting.name, default=None, metavar='VALUE',
                                 help=f'{setting.help} (default {setting.default!s:.40}) [env {setting.env}]')
@@ -352,7 +416,9 @@ STATUS_CODES = {400: 'bad_request', 401: 'unauthorized', 403: 'forbidden', 404: 
 # Changes to an existing database, by the user_version they bring it to. schema.sql always holds the
 # latest shape and creates what is missing; a migration's `before` SQL runs ahead of it (ALTERs that
 # schema.sql's indexes need) and its `after` SQL behind it (filling what schema.sql just created).
-MIGRATIONS = {}
+MIGRATIONS = {
+    2: {},      # x402: the tables wallet_accounts and x402_payments, which schema.sql creates
+}
 SCHEMA_SQL = (HERE / 'schema.sql').read_text()
 
 
@@ -381,6 +447,7 @@ class Database:
         self.conn.execute('PRAGMA synchronous = FULL')
         self.conn.execute('PRAGMA foreign_keys = ON')
         self._depth = 0
+        self._writer = threading.RLock()     # gevent's under the server (monkey-patched): per greenlet
 
     def migrate(self, schema_sql=SCHEMA_SQL, migrations=MIGRATIONS):
         """Bring the database to the schema's version in one transaction: each pending migration's
@@ -400,24 +467,27 @@ class Database:
 
     @contextmanager
     def transaction(self):
-        """One write transaction (BEGIN IMMEDIATE); inner uses join the outer one."""
-        if self._depth:
-            self._depth += 1
+        """One write transaction (BEGIN IMMEDIATE); inner uses in the same greenlet join the outer one. Another
+        greenlet waits for it to end (the lock), so one that yields inside a transaction (a paid x402 call runs
+        its handler inside the transaction that consumes the payment) never mixes its writes with another's."""
+        with self._writer:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield self
+                finally:
+                    self._depth -= 1
+                return
+            self.conn.execute('BEGIN IMMEDIATE')
+            self._depth = 1
             try:
                 yield self
-            finally:
-                self._depth -= 1
-            return
-        self.conn.execute('BEGIN IMMEDIATE')
-        self._depth = 1
-        try:
-            yield self
-        except BaseException:
+            except BaseException:
+                self._depth = 0
+                self.conn.execute('ROLLBACK')
+                raise
             self._depth = 0
-            self.conn.execute('ROLLBACK')
-            raise
-        self._depth = 0
-        self.conn.execute('COMMIT')
+            self.conn.execute('COMMIT')
 
     def rows(self, sql, params=None):
         """Every row of a query as a dict."""
@@ -686,6 +756,7 @@ def ledger_problems(db):
 USDC_BY_CHAIN = {8453: '0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913', 84532: '0x036CbD53842c5426634e7929541eC2318f3dCF7e'}
 NETWORK_BY_CHAIN = {8453: 'base', 84532: 'base-sepolia'}
 DEFAULT_FEE_CAPS = (10 ** 9, 10 ** 6)        # 1 gwei max fee, 0.001 gwei tip, until the node is asked
+SIGNED_TABLES = ('payments', 'x402_payments')   # where transactions signed by the escrow wallet wait to be confirmed
 
 
 class OnChain:
@@ -740,16 +811,40 @@ class OnChain:
             db.execute('''INSERT INTO chain_state (name, value) VALUES ('next_nonce', :pending)
                           ON CONFLICT (name) DO UPDATE SET value = max(value, :pending)''', {'pending': pending})
 
+    @staticmethod
+    def next_nonce(db):
+        """The escrow wallet's next nonce, taken inside the caller's transaction (one per signed transaction)."""
+        return db.value('''INSERT INTO chain_state (name, value) VALUES ('next_nonce', 1)
+                           ON CONFLICT (name) DO UPDATE SET value = value + 1 RETURNING value - 1''')
+
     def sign_payout(self, db, to, amount):
         """Sign a USDC transfer from escrow with the next nonce, inside the caller's transaction."""
         from verifier.payouts import sign_usdc_transfer
-        nonce = db.value('''INSERT INTO chain_state (name, value) VALUES ('next_nonce', 1)
-                            ON CONFLICT (name) DO UPDATE SET value = value + 1 RETURNING value - 1''')
+        nonce = self.next_nonce(db)
         max_fee, tip = self.fees or DEFAULT_FEE_CAPS
         raw, tx_hash = sign_usdc_transfer(self.settings.escrow_key, token=self.usdc, to=to, amount=amount,
                                           nonce=nonce, chain_id=self.settings.chain_id, max_fee_per_gas=max_fee,
                                           max_priority_fee_per_gas=tip)
         return raw, tx_hash, nonce
+
+    def sign_settlement(self, db, payment):
+        """Sign the escrow wallet's call of transferWithAuthorization for an x402 payment (it pays the gas), with
+        the next nonce, inside the caller's transaction."""
+        from verifier.x402 import sign_transfer_with_authorization
+        nonce = self.next_nonce(db)
+        max_fee, tip = self.fees or DEFAULT_FEE_CAPS
+        raw, tx_hash = sign_transfer_with_authorization(
+            self.settings.escrow_key, token=self.usdc, payment=payment, nonce=nonce, chain_id=self.settings.chain_id,
+            max_fee_per_gas=max_fee, max_priority_fee_per_gas=tip)
+        return raw, tx_hash, nonce
+
+    @staticmethod
+    def signed_pending(db, condition=''):
+        """The signed transactions (payouts and x402 settlements) not yet confirmed, oldest nonce first."""
+        return db.rows(' UNION ALL '.join(
+            f"SELECT '{table}' AS tbl, id, tx_hash, raw_tx, broadcast_at, nonce FROM {table} "
+            f"WHERE status = 'pending' AND raw_tx IS NOT NULL {condition}" for table in SIGNED_TABLES)
+            + ' ORDER BY nonce')
 
     def verify_funding(self, tx_hash, amount):
         """The funding transfer of a job, checked on chain: (payer, amount moved). Network I/O."""
@@ -766,22 +861,22 @@ class OnChain:
                 'chainId': self.settings.chain_id}
 
     def broadcast(self, db):
-        """Send every signed payout the node has not taken yet, oldest nonce first; stop at the first failure."""
-        for payment in db.rows('''SELECT id, raw_tx FROM payments WHERE status = 'pending' AND raw_tx IS NOT NULL
-                                   AND broadcast_at IS NULL ORDER BY nonce'''):
+        """Send every signed payout and settlement the node has not taken yet, oldest nonce first; stop at the
+        first failure."""
+        for payment in self.signed_pending(db, 'AND broadcast_at IS NULL'):
             try:
                 self.chain.send_raw(payment['raw_tx'])
             except VerificationError:
                 return
             with db.transaction():
-                db.execute('UPDATE payments SET broadcast_at = :now WHERE id = :id', {'now': now_iso(), 'id': payment['id']})
+                db.execute(f'UPDATE {payment["tbl"]} SET broadcast_at = :now WHERE id = :id',
+                           {'now': now_iso(), 'id': payment['id']})
 
     def confirm(self, db):
-        """Mark payouts confirmed once `confirmations` deep on the canonical chain, failed if they reverted,
-        and send again those the node does not know. Returns {confirmed, failed, resent}."""
+        """Mark payouts and settlements confirmed once `confirmations` deep on the canonical chain, failed if they
+        reverted, and send again those the node does not know. Returns {confirmed, failed, resent}."""
         result = {'confirmed': 0, 'failed': 0, 'resent': 0}
-        pending = db.rows("SELECT id, tx_hash, raw_tx, broadcast_at FROM payments WHERE status = 'pending' "
-                          "AND raw_tx IS NOT NULL ORDER BY nonce")
+        pending = self.signed_pending(db)
         recently = iso(now() - timedelta(seconds=30))
         if not pending:
             return result
@@ -803,15 +898,19 @@ class OnChain:
                 return result
             if receipt['status'] != 1:
                 status = 'failed'
-                log.error('payout %s reverted on chain (%s): the escrow wallet needs attention',
-                          payment['id'], payment['tx_hash'])
+                if payment['tbl'] == 'payments':
+                    log.error('payout %s reverted on chain (%s): the escrow wallet needs attention',
+                              payment['id'], payment['tx_hash'])
+                else:
+                    log.warning('x402 settlement %s reverted on chain (%s): its call was not answered',
+                                payment['id'], payment['tx_hash'])
             elif latest - receipt['blockNumber'] + 1 >= self.settings.confirmations and block and \
                     block['hash'].lower() == receipt['blockHash'].lower():
                 status = 'confirmed'
             else:
                 continue
             with db.transaction():
-                db.execute("UPDATE payments SET status = :status WHERE id = :id AND status = 'pending'",
+                db.execute(f"UPDATE {payment['tbl']} SET status = :status WHERE id = :id AND status = 'pending'",
                            {'status': status, 'id': payment['id']})
             result[status] += 1
         return result
@@ -2585,6 +2684,283 @@ class WebhookWorker:
 
 
 ###############################################################################
+# x402: pay per call ##########################################################
+###############################################################################
+
+X402_TIMEOUT_SECONDS = 60       # maxTimeoutSeconds: how long a client's authorization stays valid
+SETTLEMENT_WAIT = 10            # seconds a paid call waits for its settlement to be mined
+X402_EXTENSION = 'https://github.com/google-a2a/a2a-x402/v0.1'
+# A facilitator's invalidReason / errorReason (x402's), as this service's codes and the check it names
+FACILITATOR_REASONS = {
+    'insufficient_funds': ('payment_insufficient', 'balance'),
+    'invalid_exact_evm_payload_authorization_value': ('payment_insufficient', 'amount'),
+    'invalid_exact_evm_payload_authorization_valid_after': ('payment_expired', 'fresh'),
+    'invalid_exact_evm_payload_authorization_valid_before': ('payment_expired', 'fresh'),
+    'invalid_exact_evm_payload_recipient_mismatch': ('payment_wrong_recipient', 'recipient'),
+    'invalid_exact_evm_payload_signature': ('payment_signature_invalid', 'signature'),
+    'invalid_network': ('payment_wrong_chain', 'network'),
+    'invalid_scheme': ('payment_invalid', 'scheme'),
+    'invalid_x402_version': ('payment_invalid', 'version'),
+    'invalid_transaction_state': ('payment_reverted', 'notReplayed'),
+}
+
+
+class X402:
+    """x402 (v1) pay-per-call (CONTRACT.md 7): the priced endpoints, the 402 answer, and taking a payment.
+
+    A form-1 proof is checked on chain and consumed in the transaction that answers the call. A form-2
+    authorization is checked, then settled before the call is answered: signed by the escrow wallet as relayer
+    and stored in the same transaction that reserves the authorization (so a crash never leaves a gap in the
+    wallet's nonces), sent, and awaited; or settled by --facilitator-url. A call whose settlement is slower than
+    SETTLEMENT_WAIT answers 503, and the same X-PAYMENT sent again is answered once the settlement is mined.
+    """
+
+    def __init__(self, settings):
+        from verifier.x402 import NETWORKS
+        onchain = settings.onchain
+        if onchain is None:
+            raise ValueError('--x402-price needs --rpc-url and --escrow-key: x402 payments are checked on chain')
+        self.network = NETWORK_BY_CHAIN.get(settings.chain_id)
+        if self.network is None:
+            raise ValueError(f'x402 works on Base (8453) and Base Sepolia (84532), not on chain {settings.chain_id}')
+        _, self.token_name, self.token_version = NETWORKS[self.network]
+        self.settings, self.onchain = settings, onchain
+        self.prices = {(price.method, price.rule): price for price in settings.x402_price}
+        self.facilitator = settings.facilitator_url.rstrip('/')
+        self.session = requests.Session()
+
+    # ----- what a caller is told -----
+
+    def card_terms(self):
+        """What the service card advertises (hashable, so the card can be cached)."""
+        return (self.network, self.settings.chain_id, self.onchain.usdc, self.onchain.escrow_address,
+                tuple(price.endpoint for price in self.prices.values()))
+
+    def requirements(self, price, resource):
+        """The x402 PaymentRequirements (v1) of a priced endpoint; `resource` is the full URL being paid for."""
+        return {'scheme': 'exact', 'network': self.network, 'maxAmountRequired': str(price.amount),
+                'resource': resource, 'description': f'{price.endpoint}: {API_OPERATIONS[(price.method, price.rule)]["summary"]}',
+                'mimeType': 'application/json', 'payTo': self.onchain.escrow_address,
+                'maxTimeoutSeconds': X402_TIMEOUT_SECONDS, 'asset': self.onchain.usdc,
+                'extra': {'name': self.token_name, 'version': self.token_version}}
+
+    def refusal(self, price, message, code, checks=None, retry_after=None):
+        """The 402 of a priced call: the x402 body (x402Version, error, accepts) with this service's code."""
+        extra = {'x402Version': 1, 'accepts': [self.requirements(price, service().settings.base_url + request.path)]}
+        if checks is not None:
+            extra['checks'] = checks
+        if code == 'chain_unavailable':
+            return APIError(message, code=code, status=503, headers={'Retry-After': str(retry_after or 5)})
+        return APIError(message, code=code, status=402, extra=extra,
+                        headers={'Retry-After': str(retry_after)} if retry_after else None)
+
+    def refuse(self, price, evaluation):
+        error = evaluation.error
+        return self.refusal(price, error.message, error.code, evaluation.checks.as_dict(), error.retry_after)
+
+    # ----- checking a payment -----
+
+    def evaluate(self, db, header, price):
+        """Every check of an X-PAYMENT against a price (verifier.x402.evaluate_payment), the chain's included;
+        with a facilitator, an authorization's on-chain checks are the facilitator's."""
+        from verifier.x402 import decode_payment_header, evaluate_payment
+        try:
+            payment = decode_payment_header(header)
+        except VerificationError:
+            payment = header            # evaluate_payment records it as not decoded
+        form = payment.get('payload') if isinstance(payment, dict) else None
+        by_facilitator = self.facilitator and isinstance(form, dict) and 'authorization' in form
+        return evaluate_payment(
+            payment, chain_id=self.settings.chain_id, token=self.onchain.usdc, pay_to=self.onchain.escrow_address,
+            min_amount=price.amount, now=now().timestamp(), chain=None if by_facilitator else self.onchain.chain,
+            confirmations=self.settings.confirmations, max_age_seconds=self.settings.payment_max_age,
+            tx_used=lambda tx_hash: used_payment(db, self.settings.chain_id, tx_hash) is not None,
+            authorization_used=lambda payer, nonce: self.authorization_record(db, payer, nonce) is not None,
+            name=self.token_name, version=self.token_version)
+
+    def authorization_record(self, db, payer, nonce):
+        return db.row('''SELECT * FROM x402_payments WHERE chain_id = :chain AND asset = :asset AND payer = :payer
+                         AND authorization_nonce = :nonce''',
+                      {'chain': self.settings.chain_id, 'asset': self.onchain.usdc, 'payer': payer, 'nonce': nonce})
+
+    def facilitator_call(self, step, payment, price):
+        """POST {facilitator}/verify or /settle (x402 v1); its JSON answer. A facilitator that does not answer
+        properly is ChainUnavailable (503): the payment may be fine."""
+        body = {'x402Version': 1, 'paymentPayload': payment,
+                'paymentRequirements': self.requirements(price, self.settings.base_url + openapi_path(price.rule))}
+        try:
+            answer = self.session.post(f'{self.facilitator}/{step}', json=body, timeout=10, allow_redirects=False)
+            answer.raise_for_status()
+            result = answer.json()
+            if not isinstance(result, dict):
+                raise ValueError('not a JSON object')
+        except (requests.RequestException, ValueError) as exc:
+            log.warning('facilitator /%s failed: %s: %s', step, type(exc).__name__, exc)
+            raise ChainUnavailable(f'The x402 facilitator did not answer /{step} ({type(exc).__name__}).') from None
+        return result
+
+    def facilitator_verdict(self, evaluation, price):
+        """Ask the facilitator's /verify about a form-2 payment our own checks passed; its refusal goes into
+        the evaluation's checks."""
+        result = self.facilitator_call('verify', evaluation.payment, price)
+        if result.get('isValid') is not True:
+            reason = str(result.get('invalidReason') or 'unknown')
+            code, check = FACILITATOR_REASONS.get(reason, ('payment_invalid', 'decoded'))
+            message = str(result.get('invalidMessage') or f'The facilitator refused the payment: {reason}.')
+            evaluation.checks.fail(check, VerificationError(message, code))
+
+    # ----- taking a payment -----
+
+    def answer(self, price, handler, params):
+        """Answer a priced call paid with X-PAYMENT: the payment checked, settled if it is an authorization, then
+        consumed in the transaction that runs the handler (as the payer's account). 402 if it does not check out."""
+        svc = service()
+        header = request.get_header('X-PAYMENT')
+        if not header:
+            raise self.refusal(price, 'X-PAYMENT header is required: pay with one of `accepts` (x402).',
+                               'payment_required')
+        evaluation = self.evaluate(svc.db, header, price)
+        record = None
+        if evaluation.form == 'authorization':
+            record = self.settlement(svc.db, evaluation, price)
+        elif evaluation.error:
+            raise self.refuse(price, evaluation)
+        moment = now_iso()
+        with svc.db.transaction():
+            account = wallet_account(svc.db, evaluation.payer)
+            try:
+                if record is None:      # form 1: the proof is consumed here
+                    record = {'id': new_id(), 'form': 'proof', 'endpoint': price.endpoint,
+                              'chain_id': self.settings.chain_id, 'asset': self.onchain.usdc,
+                              'payer': evaluation.payer, 'amount': evaluation.amount, 'tx_hash': evaluation.tx_hash,
+                              'status': 'confirmed', 'account_id': account['id'], 'granted_at': moment,
+                              'created_at': moment}
+                    svc.db.insert('used_payments', {'chain_id': self.settings.chain_id, 'tx_hash': record['tx_hash'],
+                                                    'purpose': 'x402', 'account_id': account['id'], 'job_id': None,
+                                                    'created_at': moment})
+                    svc.db.insert('x402_payments', record)
+                elif not svc.db.execute('''UPDATE x402_payments SET granted_at = :moment, account_id = :account
+                                           WHERE id = :id AND granted_at IS NULL''',
+                                        {'moment': moment, 'account': account['id'], 'id': record['id']}):
+                    raise apsw.ConstraintError('answered already')
+            except apsw.ConstraintError:        # the same proof, taken by a call at the same moment
+                raise self.refusal(price, 'This payment has paid for a call already.', 'payment_replayed') from None
+            request.environ['marketplace.account'] = account
+            result = handler(**params)
+        from verifier.x402 import encode_payment_response
+        response.set_header('X-PAYMENT-RESPONSE', encode_payment_response(
+            {'success': True, 'transaction': record['tx_hash'], 'network': self.network, 'payer': evaluation.payer}))
+        return result
+
+    def settlement(self, db, evaluation, price):
+        """The confirmed settlement of a form-2 payment not yet answered: made now, or, when the same X-PAYMENT
+        comes again after a 503, the one made then."""
+        record = evaluation.payer and self.authorization_record(db, evaluation.payer, evaluation.nonce)
+        resumable = record is not None and record['granted_at'] is None and record['status'] != 'failed' and \
+            record['tx_hash'] is not None and set(evaluation.checks.errors) <= {'fresh', 'notReplayed', 'balance'}
+        if not resumable:
+            if evaluation.error is None and self.facilitator:
+                self.facilitator_verdict(evaluation, price)
+            if evaluation.error:
+                raise self.refuse(price, evaluation)
+            record = self.settle_by_facilitator(db, evaluation, price) if self.facilitator else \
+                self.relay(db, evaluation, price)
+        if record['status'] == 'pending':
+            record = self.await_settlement(db, record, price)
+        return record
+
+    def new_record(self, evaluation, price, **fields):
+        return dict({'id': new_id(), 'form': 'authorization', 'endpoint': price.endpoint,
+                     'chain_id': self.settings.chain_id, 'asset': self.onchain.usdc, 'payer': evaluation.payer,
+                     'amount': evaluation.amount, 'authorization_nonce': evaluation.nonce, 'status': 'pending',
+                     'created_at': now_iso()}, **fields)
+
+    def reserve(self, db, record, price, sign=None):
+        """Store a settlement (its authorization can be reserved once), signing it inside the transaction."""
+        try:
+            with db.transaction():
+                if sign:
+                    record['raw_tx'], record['tx_hash'], record['nonce'] = sign()
+                    db.insert('used_payments', {'chain_id': record['chain_id'], 'tx_hash': record['tx_hash'],
+                                                'purpose': 'x402', 'account_id': None, 'job_id': None,
+                                                'created_at': record['created_at']})
+                db.insert('x402_payments', record)
+        except apsw.ConstraintError:
+            raise self.refusal(price, 'This authorization has been used already.', 'payment_replayed') from None
+
+    def relay(self, db, evaluation, price):
+        """Settle with the escrow wallet as relayer: signed and stored, then sent (with anything older waiting)."""
+        record = self.new_record(evaluation, price)
+        self.reserve(db, record, price, sign=lambda: self.onchain.sign_settlement(db, evaluation.payment))
+        self.onchain.broadcast(db)
+        return record
+
+    def settle_by_facilitator(self, db, evaluation, price):
+        """Settle through the facilitator's /settle. The authorization is reserved while it runs; if the
+        facilitator refuses or does not answer, the reservation goes, so that the payment can be tried again."""
+        record = self.new_record(evaluation, price)
+        self.reserve(db, record, price)
+        try:
+            result = self.facilitator_call('settle', evaluation.payment, price)
+            tx_hash = str(result.get('transaction') or '').lower()
+            if result.get('success') is not True or not re.fullmatch(r'0x[0-9a-f]{64}', tx_hash):
+                reason = str(result.get('errorReason') or 'unknown')
+                code, _ = FACILITATOR_REASONS.get(reason, ('payment_invalid', None))
+                raise self.refusal(price, str(result.get('errorMessage') or
+                                              f'The facilitator could not settle the payment: {reason}.'), code)
+        except BaseException:
+            with db.transaction():
+                db.execute('DELETE FROM x402_payments WHERE id = :id', {'id': record['id']})
+            raise
+        with db.transaction():
+            db.execute("UPDATE x402_payments SET status = 'confirmed', tx_hash = :tx WHERE id = :id",
+                       {'tx': tx_hash, 'id': record['id']})
+            db.execute('''INSERT INTO used_payments (chain_id, tx_hash, purpose, created_at)
+                          VALUES (:chain, :tx, 'x402', :now) ON CONFLICT DO NOTHING''',
+                       {'chain': record['chain_id'], 'tx': tx_hash, 'now': now_iso()})
+        return dict(record, status='confirmed', tx_hash=tx_hash)
+
+    def await_settlement(self, db, record, price):
+        """Wait for the relayer's settlement to be mined: confirmed if it moved the money, else 402."""
+        from verifier.checks import check_usdc_transfer
+        try:
+            receipt = self.onchain.chain.wait_for_receipt(record['tx_hash'], SETTLEMENT_WAIT)
+        except ChainUnavailable:
+            raise self.refusal(price, f'The payment is being settled on chain ({record["tx_hash"]}); send the '
+                                      'same X-PAYMENT again in a few seconds.', 'chain_unavailable') from None
+        try:
+            check_usdc_transfer(receipt, token=self.onchain.usdc, recipient=self.onchain.escrow_address,
+                                min_amount=record['amount'], payer=record['payer'])
+            status = 'confirmed'
+        except VerificationError:
+            status = 'failed'
+        with db.transaction():
+            db.execute("UPDATE x402_payments SET status = :status WHERE id = :id AND status = 'pending'",
+                       {'status': status, 'id': record['id']})
+        if status == 'failed':
+            raise self.refusal(price, f'The settlement {record["tx_hash"]} reverted on chain: nothing was paid.',
+                               'payment_reverted')
+        return dict(record, status=status)
+
+
+def used_payment(db, chain_id, tx_hash):
+    """What a transaction hash paid for already (used_payments), or None."""
+    return db.row('SELECT * FROM used_payments WHERE chain_id = :chain AND tx_hash = :hash',
+                  {'chain': chain_id, 'hash': tx_hash})
+
+
+def wallet_account(db, address):
+    """The account a wallet's paid calls act as, made on its first payment (inside the caller's transaction)."""
+    account = db.row('''SELECT a.id, a.name, a.role FROM wallet_accounts w JOIN accounts a ON a.id = w.account_id
+                        WHERE w.address = :address''', {'address': address})
+    if account is None:
+        account = {'id': new_id(), 'name': f'wallet {address}', 'role': 'member'}
+        db.insert('accounts', dict(account, created_at=now_iso()))
+        db.insert('wallet_accounts', {'address': address, 'account_id': account['id'], 'created_at': now_iso()})
+    return account
+
+
+###############################################################################
 # Routes: the service, accounts, agents, feed and cards #######################
 ###############################################################################
 
@@ -2668,6 +3044,50 @@ def health():
         response.status = 503
         health.update(error='The database cannot be read.', code='unavailable')
     return health
+
+
+@route('GET', '/api/x402')
+def get_x402():
+    svc = service()
+    x402 = svc.x402
+    if x402 is None:
+        return {'x402Version': 1, 'enabled': False, 'endpoints': []}
+    base = svc.settings.base_url
+    return {'x402Version': 1, 'enabled': True, 'network': x402.network, 'chainId': svc.settings.chain_id,
+            'asset': x402.onchain.usdc, 'payTo': x402.onchain.escrow_address,
+            'settlement': 'facilitator' if x402.facilitator else 'relayer',
+            'endpoints': [{'method': price.method, 'path': openapi_path(price.rule), 'price': price.usdc,
+                           'currency': 'USDC', 'maxAmountRequired': str(price.amount),
+                           'accepts': [x402.requirements(price, base + openapi_path(price.rule))]}
+                          for price in x402.prices.values()]}
+
+
+@route('POST', '/api/x402', limit='read')
+def post_x402():
+    """Check an X-PAYMENT against a priced endpoint without taking it."""
+    svc = service()
+    x402 = svc.x402
+    if x402 is None:
+        raise NotFound('No endpoint is priced: x402 is off on this marketplace.', code='x402_disabled')
+    endpoint = request.query.get('endpoint')
+    if endpoint:
+        price = x402.prices.get(route_of(endpoint))
+        if price is None:
+            raise NotFound(f'{endpoint} is not priced; GET /api/x402 lists the priced endpoints.', code='not_priced')
+    else:
+        price = next(iter(x402.prices.values()))
+    header = request.get_header('X-PAYMENT')
+    if not header:
+        raise BadRequest('Send the payment to check as the X-PAYMENT header (base64 of its JSON).',
+                         code='payment_invalid')
+    evaluation = x402.evaluate(svc.db, header, price)
+    if x402.facilitator and evaluation.form == 'authorization' and evaluation.error is None:
+        x402.facilitator_verdict(evaluation, price)
+    answer = {'valid': evaluation.valid, 'checks': evaluation.checks.as_dict(), 'endpoint': price.endpoint,
+              'form': evaluation.form}
+    if evaluation.error:
+        answer.update(error=evaluation.error.message, code=evaluation.error.code)
+    return answer
 
 
 @route('GET', '/api/stats')
@@ -3030,9 +3450,9 @@ def show_agent_card(agent_id):
     return agent_card(get_agent(svc.db, parse_uuid(agent_id, 'agentId')), svc.settings.base_url)
 
 
-def service_card(base_url):
-    """The service's own A2A v1.0.0 agent card."""
-    return {
+def service_card(base_url, x402=None):
+    """The service's own A2A v1.0.0 agent card; with x402 terms (X402.card_terms), it advertises pay-per-call."""
+    card = {
         'name': 'Job Marketplace',
         'description': 'A job marketplace for AI agents: post paid jobs held in escrow, find and claim work, '
                        'deliver it and get paid; disputes are settled by arbitrators. Reads need no key; '
@@ -3077,12 +3497,23 @@ def service_card(base_url):
         'url': base_url,
         'protocolVersion': '1.0',
     }
+    if x402:
+        network, chain_id, asset, pay_to, endpoints = x402
+        card['description'] += ' Some endpoints can also be paid per call in USDC with x402, without a key.'
+        card['capabilities']['extensions'] = [{
+            'uri': X402_EXTENSION, 'required': False,
+            'description': f'x402 (v1) pay-per-call in USDC on {network}: {", ".join(endpoints)}. '
+                           f'{base_url}/api/x402 lists the prices; pay with an X-PAYMENT header.',
+            'params': {'x402Version': 1, 'scheme': 'exact', 'network': network, 'chainId': chain_id,
+                       'asset': asset, 'payTo': pay_to, 'endpoints': list(endpoints),
+                       'pricing': f'{base_url}/api/x402'}}]
+    return card
 
 
 @functools.lru_cache(maxsize=8)
-def cached_service_card(base_url):
-    """The service card and its strong ETag (a hash of its JSON), built once per base URL."""
-    card = service_card(base_url)
+def cached_service_card(base_url, x402=None):
+    """The service card and its strong ETag (a hash of its JSON), built once per base URL and x402 terms."""
+    card = service_card(base_url, x402)
     digest = hashlib.sha256(json.dumps(card, sort_keys=True).encode('utf-8')).hexdigest()
     return card, f'"{digest[:32]}"'
 
@@ -3096,7 +3527,8 @@ def etag_matches(header, etag):
 @route('GET', '/.well-known/agent-card.json')
 @route('GET', '/.well-known/agent.json')
 def show_service_card():
-    card, etag = cached_service_card(service().settings.base_url)
+    svc = service()
+    card, etag = cached_service_card(svc.settings.base_url, svc.x402 and svc.x402.card_terms())
     response.set_header('Cache-Control', 'public, max-age=300')
     response.set_header('ETag', etag)
     if etag_matches(request.headers.get('If-None-Match', ''), etag):
@@ -3127,8 +3559,7 @@ _TX_HASH = re.compile(r'^0x[0-9a-fA-F]{64}$')
 def job_funded_by(db, settings, tx_hash, account):
     """The job a funding hash already paid for, if this requester posted it; 409 payment_replayed if the
     hash paid for anything else; None if it is unused."""
-    used = db.row('SELECT * FROM used_payments WHERE chain_id = :chain AND tx_hash = :hash',
-                  {'chain': settings.chain_id, 'hash': tx_hash})
+    used = used_payment(db, settings.chain_id, tx_hash)
     if used is None:
         return None
     if used['purpose'] == 'escrow' and used['account_id'] == account['id']:
@@ -3717,7 +4148,54 @@ API_SCHEMAS = {
                                                 'description': 'USDC base units (6 decimals).'},
             'asset': ADDRESS_SCHEMA, 'network': {'type': 'string'}, 'chainId': {'type': 'integer'},
         }, description='Only on 402 payment_required: what to send to fund the job.'),
-    }, optional=['fields', 'paymentRequirements']),
+        'x402Version': {'type': 'integer', 'enum': [1], 'description': 'Only on the 402 of an x402-priced call.'},
+        'accepts': {'type': 'array', 'items': schema_ref('X402Requirements'),
+                    'description': 'Only on the 402 of an x402-priced call: how to pay for it.'},
+        'checks': dict(schema_ref('X402Checks'), description='Only on the 402 of a refused x402 payment.'),
+    }, optional=['fields', 'paymentRequirements', 'x402Version', 'accepts', 'checks']),
+    'X402Requirements': closed_object({
+        'scheme': {'type': 'string', 'enum': ['exact']},
+        'network': {'type': 'string', 'enum': ['base', 'base-sepolia']},
+        'maxAmountRequired': {'type': 'string', 'pattern': '^[0-9]+$', 'description': 'USDC base units (6 decimals).'},
+        'resource': {'type': 'string', 'format': 'uri'},
+        'description': {'type': 'string'},
+        'mimeType': {'type': 'string'},
+        'payTo': ADDRESS_SCHEMA,
+        'maxTimeoutSeconds': {'type': 'integer', 'minimum': 1},
+        'asset': ADDRESS_SCHEMA,
+        'extra': closed_object({'name': {'type': 'string'}, 'version': {'type': 'string'}},
+                               description="The USDC contract's EIP-712 domain, for signing an authorization."),
+    }, description='x402 (v1) PaymentRequirements.'),
+    'X402Checks': {'type': 'object', 'additionalProperties': {'type': 'boolean'},
+                   'propertyNames': {'enum': ['decoded', 'version', 'scheme', 'network', 'chainId', 'token',
+                                              'recipient', 'payer', 'amount', 'found', 'succeeded', 'confirmations',
+                                              'fresh', 'notReplayed', 'signature', 'balance']},
+                   'description': 'Each check of the payment\'s form and whether it passed.'},
+    'X402Info': closed_object({
+        'x402Version': {'type': 'integer', 'enum': [1]},
+        'enabled': {'type': 'boolean', 'description': 'False when no endpoint is priced.'},
+        'network': {'type': 'string', 'enum': ['base', 'base-sepolia']},
+        'chainId': {'type': 'integer'},
+        'asset': ADDRESS_SCHEMA,
+        'payTo': ADDRESS_SCHEMA,
+        'settlement': {'type': 'string', 'enum': ['relayer', 'facilitator'],
+                       'description': 'Who settles authorizations: the escrow wallet, or --facilitator-url.'},
+        'endpoints': {'type': 'array', 'items': closed_object({
+            'method': {'type': 'string'}, 'path': {'type': 'string'},
+            'price': {'type': 'string', 'pattern': r'^\d+(\.\d{1,6})?$', 'examples': ['0.01']},
+            'currency': {'type': 'string', 'enum': ['USDC']},
+            'maxAmountRequired': {'type': 'string', 'pattern': '^[0-9]+$'},
+            'accepts': {'type': 'array', 'items': schema_ref('X402Requirements')},
+        })},
+    }, optional=('network', 'chainId', 'asset', 'payTo', 'settlement')),
+    'X402Check': closed_object({
+        'valid': {'type': 'boolean'},
+        'checks': schema_ref('X402Checks'),
+        'endpoint': {'type': 'string', 'examples': ['GET /api/jobs/match']},
+        'form': nullable({'type': 'string', 'enum': ['proof', 'authorization']}),
+        'error': {'type': 'string', 'description': 'Only when not valid: the first failed check.'},
+        'code': {'type': 'string', 'description': 'Only when not valid: its payment code.'},
+    }, optional=('error', 'code')),
 
     # Request bodies (unknown fields are ignored; an optional field sent as null counts as absent)
     'JobCreate': {'type': 'object', 'required': ['title', 'description', 'category', 'paymentAmount', 'deadline'],
@@ -4048,6 +4526,19 @@ API_OPERATIONS = {
         'summary': 'Health of the service and its database', 'tags': ['System'],
         'ok': (200, 'Health'), 'errors': (), 'also': {503: ('Health', 'The database is unreachable.')},
         'description': 'Not rate-limited, so that monitors and load balancers can probe it.'},
+    ('GET', '/api/x402'): {
+        'summary': 'The endpoints priced for x402, their prices and how to pay', 'tags': ['Payments'],
+        'ok': (200, 'X402Info'), 'errors': (429,)},
+    ('POST', '/api/x402'): {
+        'summary': 'Check an x402 payment without taking it', 'tags': ['Payments'],
+        'query': [{'name': 'endpoint', 'schema': {'type': 'string', 'examples': ['GET /api/jobs/match']},
+                   'description': 'The priced endpoint whose price to check against (default: the first).'}],
+        'headers': [{'name': 'X-PAYMENT', 'required': True, 'schema': {'type': 'string'},
+                     'description': 'The payment, base64 of its JSON (x402 v1).'}],
+        'ok': (200, 'X402Check'), 'errors': (400, 404, 429, 503),
+        'description': 'Runs every check of the payment\'s form (on chain too) and reports each; the payment '
+                       'stays unused. 404 `x402_disabled` when no endpoint is priced, `not_priced` for another '
+                       'endpoint.'},
     ('GET', '/api/stats'): {
         'summary': 'Totals: jobs, agents, money released, disputes, arbitrators', 'tags': ['System'],
         'ok': (200, 'Stats'), 'errors': (429,)},
@@ -4248,6 +4739,7 @@ API_TAGS = [
     {'name': 'Arbitration', 'description': 'Community arbitrators and their votes.'},
     {'name': 'Sweeps', 'description': 'Expiry and auto-verification, also run by the server itself.'},
     {'name': 'Webhooks', 'description': 'Signed event deliveries to agents, their log, tests and chat templates.'},
+    {'name': 'Payments', 'description': 'x402: endpoints priced per call, paid in USDC without an API key.'},
 ]
 
 # Error answers by status: component name, description and the headers each carries.
@@ -4272,6 +4764,8 @@ API_HEADERS = {
     'X-RateLimit-Limit': {'description': 'Requests allowed per hour.', 'schema': {'type': 'integer'}},
     'X-RateLimit-Remaining': {'description': 'Requests left in this window.', 'schema': {'type': 'integer'}},
     'X-RateLimit-Reset': {'description': 'Unix time (seconds) when the window resets.', 'schema': {'type': 'integer'}},
+    'X-PAYMENT-RESPONSE': {'description': 'On a call paid with x402: base64 of {success, transaction, network, '
+                                          'payer}.', 'schema': {'type': 'string'}},
 }
 RATE_LIMIT_HEADERS = ('X-RateLimit-Limit', 'X-RateLimit-Remaining', 'X-RateLimit-Reset')
 
@@ -4328,16 +4822,40 @@ def openapi_operation(path, entry):
     return operation
 
 
-def openapi_document(base_url):
-    """The OpenAPI 3.1 document of every route; ValueError when ROUTES and API_OPERATIONS disagree."""
+def priced_operation(operation, price):
+    """An operation priced for x402: a key or an X-PAYMENT, a 402 with what to pay, X-PAYMENT-RESPONSE."""
+    operation = json.loads(json.dumps(operation))
+    operation['description'] = (operation.get('description', '') + f'\n\nPriced for x402: {price.usdc} USDC a call '
+                                'without a key (GET /api/x402).').strip()
+    operation['parameters'] = operation.get('parameters', []) + [{
+        'name': 'X-PAYMENT', 'in': 'header', 'schema': {'type': 'string'},
+        'description': 'An x402 payment (base64 of its JSON): a proof of a USDC transfer or an EIP-3009 '
+                       'authorization. Not needed with an API key.'}]
+    operation['responses']['402'] = {
+        'description': 'Pay first: `accepts` says how (x402 v1); after a refused payment `code` and `checks` say '
+                       'which check failed.', 'content': json_content('Error'), 'headers': header_refs(('Retry-After',))}
+    for status, answer in operation['responses'].items():
+        if status.startswith('2'):
+            answer.setdefault('headers', {})['X-PAYMENT-RESPONSE'] = {'$ref': '#/components/headers/X-PAYMENT-RESPONSE'}
+    operation['security'] = [{}, {'bearerAuth': []}]
+    return operation
+
+
+def openapi_document(base_url, prices=()):
+    """The OpenAPI 3.1 document of every route (those priced for x402 marked); ValueError when ROUTES and
+    API_OPERATIONS disagree."""
     routes = {(method, path) for method, path, _, _ in ROUTES}
     undocumented, unrouted = routes - set(API_OPERATIONS), set(API_OPERATIONS) - routes
     if undocumented or unrouted:
         raise ValueError(f'ROUTES and API_OPERATIONS disagree: no API_OPERATIONS entry for {sorted(undocumented)}, '
                          f'no route for {sorted(unrouted)}')
     paths = {}
+    priced = {(price.method, price.rule): price for price in prices}
     for (method, path), entry in API_OPERATIONS.items():
-        paths.setdefault(openapi_path(path), {})[method.lower()] = openapi_operation(path, entry)
+        operation = openapi_operation(path, entry)
+        if (method, path) in priced:
+            operation = priced_operation(operation, priced[(method, path)])
+        paths.setdefault(openapi_path(path), {})[method.lower()] = operation
     responses = {'Error': {'description': 'Any other error, e.g. 500, or 503 when the database is busy.',
                            'content': json_content('Error')}}
     for name, description, headers in ERROR_RESPONSES.values():
@@ -4400,11 +4918,12 @@ class Service:
         self.limiter = RateLimiter(settings.rate_limit_scale)
         self.hub = StreamHub(settings.base_url)
         self.webhooks = webhook_session(settings.allow_private_webhooks)
-        self.openapi = openapi_document(settings.base_url)    # a route without documentation fails here
+        self.openapi = openapi_document(settings.base_url, settings.x402_price)   # fails on an undocumented route
         self.background = False     # True under the server: network work then runs in its own greenlet
         if settings.rpc_url:
             settings.onchain = OnChain(settings)
             settings.onchain.start(self.db)
+        self.x402 = X402(settings) if settings.x402_price else None     # pay per call: needs the chain
 
     def broadcast_payouts(self):
         """Send the payouts just committed (under the server without holding up the answer)."""
@@ -4442,7 +4961,13 @@ def make_app(settings):
                         response.set_header(name, value)
                     if not ok:
                         raise RateLimited(f'Too many requests; try again in {headers["Retry-After"]} seconds.')
-                result = handler(**params)
+                price = app.service.x402 and app.service.x402.prices.get((request.method, request.route.rule))
+                if price and caller() is None:      # priced for x402: a key, or a payment
+                    if request.get_header('Authorization'):
+                        raise Unauthorized('The API key is unknown or revoked (or pay with X-PAYMENT, without a key).')
+                    result = app.service.x402.answer(price, handler, params)
+                else:
+                    result = handler(**params)
             except APIError as error:
                 return send_error(error)
             except VerificationError as error:

@@ -201,7 +201,40 @@ CREATE TABLE IF NOT EXISTS used_payments (
     PRIMARY KEY (chain_id, tx_hash)
 );
 
--- Small counters: 'next_nonce' of the escrow wallet, allocated one payout at a time.
+-- A wallet that pays x402 calls without an API key acts as an account of its own, made on its first payment.
+CREATE TABLE IF NOT EXISTS wallet_accounts (
+    address     TEXT PRIMARY KEY,               -- checksummed
+    account_id  TEXT NOT NULL UNIQUE REFERENCES accounts(id),
+    created_at  TEXT NOT NULL
+);
+
+-- Every x402 payment taken: form 'proof' (a USDC transfer already made) or 'authorization' (an EIP-3009
+-- transferWithAuthorization the service settles: signed by the escrow wallet as relayer, stored, then sent, like a
+-- payout; or settled by the facilitator). A paid call is answered once: granted_at is set in the transaction that
+-- answers it. x402 income is the operator's, kept out of the jobs' escrow ledger.
+CREATE TABLE IF NOT EXISTS x402_payments (
+    seq                  INTEGER PRIMARY KEY,
+    id                   TEXT NOT NULL UNIQUE,
+    form                 TEXT NOT NULL CHECK (form IN ('proof', 'authorization')),
+    endpoint             TEXT NOT NULL,         -- what it paid for: 'GET /api/jobs/match'
+    chain_id             INTEGER NOT NULL,
+    asset                TEXT NOT NULL,
+    payer                TEXT NOT NULL,
+    amount               INTEGER NOT NULL CHECK (amount >= 0),    -- USDC base units
+    authorization_nonce  TEXT,                  -- form 2: the EIP-3009 nonce, lowercase
+    tx_hash              TEXT,                  -- the proof's transfer, or the settlement
+    status               TEXT NOT NULL CHECK (status IN ('pending', 'confirmed', 'failed')),
+    raw_tx               TEXT,                  -- a settlement sent by the service: as for payouts
+    nonce                INTEGER,
+    broadcast_at         TEXT,
+    account_id           TEXT REFERENCES accounts(id),    -- the account the paid call ran as
+    granted_at           TEXT,
+    created_at           TEXT NOT NULL,
+    UNIQUE (chain_id, asset, payer, authorization_nonce)
+);
+CREATE INDEX IF NOT EXISTS x402_payments_pending ON x402_payments(status) WHERE status = 'pending';
+
+-- Small counters: 'next_nonce' of the escrow wallet, allocated one payout or settlement at a time.
 CREATE TABLE IF NOT EXISTS chain_state (
     name   TEXT PRIMARY KEY,
     value  INTEGER NOT NULL
@@ -226,4 +259,4 @@ CREATE TABLE IF NOT EXISTS webhook_deliveries (
 CREATE INDEX IF NOT EXISTS webhook_deliveries_due ON webhook_deliveries(status, next_attempt_at);
 CREATE INDEX IF NOT EXISTS webhook_deliveries_agent ON webhook_deliveries(agent_id, created_at);
 
-PRAGMA user_version = 1;
+PRAGMA user_version = 2;

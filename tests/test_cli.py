@@ -408,8 +408,23 @@ def test_a_migration_brings_an_older_database_up_to_date(tmp_path):
     db.close()
 
 
+def test_a_version_1_database_gains_the_x402_tables_and_keeps_its_rows(tmp_path):
+    version_1 = mp.SCHEMA_SQL.split('-- A wallet that pays x402 calls')[0] + \
+        mp.SCHEMA_SQL.split('-- Small counters:')[1].split('\n', 1)[1].replace('PRAGMA user_version = 2;',
+                                                                             'PRAGMA user_version = 1;')
+    db = mp.Database(tmp_path / 'old.db')
+    db.migrate(version_1, {})
+    db.execute("INSERT INTO accounts (id, name, role, created_at) VALUES ('a1', 'old', 'member', '2026-01-01T00:00:00.000Z')")
+    assert db.value("SELECT count(*) FROM sqlite_master WHERE name IN ('x402_payments', 'wallet_accounts')") == 0
+    db.migrate()
+    assert db.value('PRAGMA user_version') == 2
+    assert db.value("SELECT count(*) FROM sqlite_master WHERE name IN ('x402_payments', 'wallet_accounts')") == 2
+    assert db.rows('SELECT id, name FROM accounts') == [{'id': 'a1', 'name': 'old'}]
+    db.close()
+
+
 def test_a_new_database_gets_the_schema_without_migrations(tmp_path):
     db = mp.Database(tmp_path / 'new.db')
     db.migrate(mp.SCHEMA_SQL, {2: {'before': 'THIS IS NOT SQL'}})     # a new database runs no migration
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 1
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 2
     db.close()
