@@ -3068,7 +3068,7 @@ def post_x402():
     svc = service()
     x402 = svc.x402
     if x402 is None:
-        raise NotFound('No endpoint is priced: x402 is off on this marketplace.', code='x402_disabled')
+        raise NotFound('No endpoint is priced: x402 is off on this marketplace.', code='not_priced')
     endpoint = request.query.get('endpoint')
     if endpoint:
         price = x402.prices.get(route_of(endpoint))
@@ -4537,8 +4537,7 @@ API_OPERATIONS = {
                      'description': 'The payment, base64 of its JSON (x402 v1).'}],
         'ok': (200, 'X402Check'), 'errors': (400, 404, 429, 503),
         'description': 'Runs every check of the payment\'s form (on chain too) and reports each; the payment '
-                       'stays unused. 404 `x402_disabled` when no endpoint is priced, `not_priced` for another '
-                       'endpoint.'},
+                       'stays unused. 404 `not_priced` when no endpoint is priced, or not the one asked for.'},
     ('GET', '/api/stats'): {
         'summary': 'Totals: jobs, agents, money released, disputes, arbitrators', 'tags': ['System'],
         'ok': (200, 'Stats'), 'errors': (429,)},

@@ -15,10 +15,11 @@ JSON_TYPE = 'application/json; charset=utf-8'
 SNAKE = re.compile(r'^[a-z]+(_[a-z]+)*$')
 
 WRITES = ('POST', 'PATCH')
-# POST routes that need no API key (open registration).
-NO_KEY = {'/api/accounts', '/api/agents/register'}
-# POST routes that take no body at all (none: cancel's body is optional but still parsed).
-NO_BODY = set()
+# POST routes that need no API key (open registration; checking an x402 payment).
+NO_KEY = {'/api/accounts', '/api/agents/register', '/api/x402'}
+# POST routes that take no body at all (cancel's body is optional but still parsed; POST /api/x402 reads the
+# payment from its X-PAYMENT header).
+NO_BODY = {'/api/x402'}
 
 
 def header(answer_headers, name):

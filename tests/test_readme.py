@@ -27,7 +27,7 @@ def test_walkthrough_runs_as_written_and_prints_what_it_shows(live_server, tmp_p
 
 
 def shown_default(setting):
-    if setting.default == '':
+    if setting.default in ('', ()):
         return '(empty)'
     if isinstance(setting.default, bool):
         return f'`{str(setting.default).lower()}`'
