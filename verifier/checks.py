@@ -128,6 +128,8 @@ class Checks:
         self.results.setdefault(name, True)
 
     def fail(self, name, error=None):
+        if name not in self.names:      # a check only some settings make (a facilitator's verdict)
+            self.names += (name,)
         self.results[name] = False
         if error is not None:
             self.errors.setdefault(name, error)
