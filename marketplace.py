@@ -2770,13 +2770,23 @@ class X402:
             payment = header            # evaluate_payment records it as not decoded
         form = payment.get('payload') if isinstance(payment, dict) else None
         by_facilitator = self.facilitator and isinstance(form, dict) and 'authorization' in form
-        return evaluate_payment(
+        evaluation = evaluate_payment(
             payment, chain_id=self.settings.chain_id, token=self.onchain.usdc, pay_to=self.onchain.escrow_address,
             min_amount=price.amount, now=now().timestamp(), chain=None if by_facilitator else self.onchain.chain,
             confirmations=self.settings.confirmations, max_age_seconds=self.settings.payment_max_age,
             tx_used=lambda tx_hash: used_payment(db, self.settings.chain_id, tx_hash) is not None,
             authorization_used=lambda payer, nonce: self.authorization_record(db, payer, nonce) is not None,
             name=self.token_name, version=self.token_version)
+        resource = payment.get('resource', (payment.get('payload') or {}).get('resource')) \
+            if evaluation.form else None
+        if resource is not None:        # a payment that names what it pays for: compared by path
+            path = urlsplit(resource).path if isinstance(resource, str) else None
+            if path is not None and route_of(f'{price.method} {path}') == (price.method, price.rule):
+                evaluation.checks.passed('resource')
+            else:
+                evaluation.checks.fail('resource', VerificationError(
+                    f'The payment is for {resource!r}, not for {price.endpoint}.', 'payment_invalid'))
+        return evaluation
 
     def authorization_record(self, db, payer, nonce):
         return db.row('''SELECT * FROM x402_payments WHERE chain_id = :chain AND asset = :asset AND payer = :payer

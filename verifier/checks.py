@@ -125,16 +125,20 @@ class Checks:
         self.errors = {}        # name -> the VerificationError of a failed check
 
     def passed(self, name):
+        self._know(name)
         self.results.setdefault(name, True)
 
     def fail(self, name, error=None):
-        if name not in self.names:      # a check only some settings make (a facilitator's verdict)
-            self.names += (name,)
+        self._know(name)
         self.results[name] = False
         if error is not None:
             self.errors.setdefault(name, error)
             if self.first_only:
                 raise error
+
+    def _know(self, name):
+        if name not in self.names:      # a check only some payments or settings make: it comes last
+            self.names += (name,)
 
     def run(self, name, check, /, *args, **kwargs):
         """Run a check that raises VerificationError when it fails (a node that does not answer is not a failed
