@@ -434,7 +434,10 @@ class Database:
     """One apsw connection with WAL, synchronous=FULL, foreign keys and a busy timeout.
 
     The server shares one connection between greenlets. SQLite calls never yield to gevent, so a
-    transaction runs whole without interleaving as long as it does no network I/O and no sleep.
+    transaction runs whole without interleaving as long as it does no network I/O and no sleep. The one
+    that may (a paid x402 call runs its handler inside the transaction that consumes the payment, and a
+    handler may wait on the node) holds the writer lock meanwhile: other greenlets' transactions wait for
+    it, though their plain reads may see its writes before they commit.
     """
 
     def __init__(self, path):
@@ -5189,6 +5192,8 @@ def serve(settings):
     deliverer = gevent.spawn(webhooks.run)
     payments = (f'payments onchain, chain {settings.chain_id}, escrow {settings.onchain.escrow_address}'
                 if settings.onchain else 'payments simulated')
+    if app.service.x402:
+        payments += '; x402: ' + ', '.join(f'{price.endpoint} {price.usdc} USDC' for price in settings.x402_price)
     log.info('marketplace %s serving on http://%s:%s (database %s, %s)',
              __version__, settings.host, server.server_port, settings.db, payments)
     server.serve_forever(stop_timeout=settings.shutdown_timeout)
