@@ -2741,8 +2741,9 @@ class X402:
 
     def requirements(self, price, resource):
         """The x402 PaymentRequirements (v1) of a priced endpoint; `resource` is the full URL being paid for."""
+        summary = API_OPERATIONS[(price.method, price.rule)]['summary']
         return {'scheme': 'exact', 'network': self.network, 'maxAmountRequired': str(price.amount),
-                'resource': resource, 'description': f'{price.endpoint}: {API_OPERATIONS[(price.method, price.rule)]["summary"]}',
+                'resource': resource, 'description': f'{price.endpoint}: {summary}',
                 'mimeType': 'application/json', 'payTo': self.onchain.escrow_address,
                 'maxTimeoutSeconds': X402_TIMEOUT_SECONDS, 'asset': self.onchain.usdc,
                 'extra': {'name': self.token_name, 'version': self.token_version}}
@@ -4845,7 +4846,8 @@ def priced_operation(operation, price):
                        'authorization. Not needed with an API key.'}]
     operation['responses']['402'] = {
         'description': 'Pay first: `accepts` says how (x402 v1); after a refused payment `code` and `checks` say '
-                       'which check failed.', 'content': json_content('Error'), 'headers': header_refs(('Retry-After',))}
+                       'which check failed.',
+        'content': json_content('Error'), 'headers': header_refs(('Retry-After',))}
     for status, answer in operation['responses'].items():
         if status.startswith('2'):
             answer.setdefault('headers', {})['X-PAYMENT-RESPONSE'] = {'$ref': '#/components/headers/X-PAYMENT-RESPONSE'}
