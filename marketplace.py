@@ -4183,7 +4183,7 @@ API_SCHEMAS = {
     'X402Checks': {'type': 'object', 'additionalProperties': {'type': 'boolean'},
                    'propertyNames': {'enum': ['decoded', 'version', 'scheme', 'network', 'chainId', 'token',
                                               'recipient', 'payer', 'amount', 'found', 'succeeded', 'confirmations',
-                                              'fresh', 'notReplayed', 'signature', 'balance']},
+                                              'fresh', 'notReplayed', 'signature', 'balance', 'resource']},
                    'description': 'Each check of the payment\'s form and whether it passed.'},
     'X402Info': closed_object({
         'x402Version': {'type': 'integer', 'enum': [1]},
@@ -4844,6 +4844,8 @@ def priced_operation(operation, price):
         'name': 'X-PAYMENT', 'in': 'header', 'schema': {'type': 'string'},
         'description': 'An x402 payment (base64 of its JSON): a proof of a USDC transfer or an EIP-3009 '
                        'authorization. Not needed with an API key.'}]
+    for status in (401, 503):       # an unknown key even with a payment; a node that cannot check it
+        operation['responses'].setdefault(str(status), {'$ref': f'#/components/responses/{ERROR_RESPONSES[status][0]}'})
     operation['responses']['402'] = {
         'description': 'Pay first: `accepts` says how (x402 v1); after a refused payment `code` and `checks` say '
                        'which check failed.',
@@ -4934,10 +4936,14 @@ class Service:
         self.webhooks = webhook_session(settings.allow_private_webhooks)
         self.openapi = openapi_document(settings.base_url, settings.x402_price)   # fails on an undocumented route
         self.background = False     # True under the server: network work then runs in its own greenlet
-        if settings.rpc_url:
-            settings.onchain = OnChain(settings)
-            settings.onchain.start(self.db)
-        self.x402 = X402(settings) if settings.x402_price else None     # pay per call: needs the chain
+        try:
+            if settings.rpc_url:
+                settings.onchain = OnChain(settings)
+                settings.onchain.start(self.db)
+            self.x402 = X402(settings) if settings.x402_price else None     # pay per call: needs the chain
+        except BaseException:
+            self.db.close()
+            raise
 
     def broadcast_payouts(self):
         """Send the payouts just committed (under the server without holding up the answer)."""
@@ -4975,7 +4981,8 @@ def make_app(settings):
                         response.set_header(name, value)
                     if not ok:
                         raise RateLimited(f'Too many requests; try again in {headers["Retry-After"]} seconds.')
-                price = app.service.x402 and app.service.x402.prices.get((request.method, request.route.rule))
+                method = 'GET' if request.method == 'HEAD' else request.method      # Bottle serves HEAD with GET
+                price = app.service.x402 and app.service.x402.prices.get((method, request.route.rule))
                 if price and caller() is None:      # priced for x402: a key, or a payment
                     if request.get_header('Authorization'):
                         raise Unauthorized('The API key is unknown or revoked (or pay with X-PAYMENT, without a key).')

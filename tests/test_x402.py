@@ -1,0 +1,568 @@
+"""x402 pay-per-call in the service (CONTRACT.md 7, README "Pay per call: x402"), in-process against anvil.
+
+Settings (--x402-price, MARKETPLACE_X402_PRICE, what refuses to start); the 402 of a priced call; API keys
+(free, payment not taken; unknown key 401); form-1 proofs of real USDC transfers on anvil: a good one pays for
+one call and is recorded, every refusal has its code and its `checks` entry (on the call and POST /api/x402),
+pending until deep enough, a failed call consumes nothing, and a transaction hash pays for one thing only
+(x402 call or job funding). GET/POST /api/x402, the OpenAPI document and the service card with x402 on.
+Form-2 authorizations and their settlement: test_x402_settle.py and test_x402_live.py.
+"""
+
+import argparse
+import base64
+import copy
+import json
+import time
+
+import pytest
+from a2a.client.card_resolver import parse_agent_card
+from a2a.utils.proto_utils import validate_proto_required_fields
+
+# web3 and eth_account come through chain.py, which keeps the recursion limit as it was (see there).
+from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC
+
+import marketplace as mp
+from conftest import ADMIN_KEY, Client, assert_error, job_body, make_account
+from test_cards import header
+from test_openapi import Checker
+from test_x402_verifier import header_of, x_payment
+from verifier.x402 import PROOF_CHECKS
+
+ESCROW_KEY, PAY_TO = DEV_KEYS[1], DEV_ADDRESSES[1]     # the escrow wallet: x402's payTo
+PAYER_KEY, PAYER = DEV_KEYS[2], DEV_ADDRESSES[2]
+OTHER_KEY, OTHER = DEV_KEYS[3], DEV_ADDRESSES[3]
+SOMEONE = DEV_ADDRESSES[4]
+BASE = 'http://market.test'
+MATCH = '/api/jobs/match'
+PRICE = 10_000                  # 0.01 USDC
+MATCH_SUMMARY = mp.API_OPERATIONS[('GET', '/api/jobs/match')]['summary']
+REQUIREMENTS = {'scheme': 'exact', 'network': 'base', 'maxAmountRequired': '10000',
+                'resource': BASE + MATCH, 'description': f'GET /api/jobs/match: {MATCH_SUMMARY}',
+                'mimeType': 'application/json', 'payTo': PAY_TO, 'maxTimeoutSeconds': 60, 'asset': USDC,
+                'extra': {'name': 'USD Coin', 'version': '2'}}
+ALL_PASS = {name: True for name in PROOF_CHECKS}
+X402_EXTENSION_URI = 'https://github.com/google-a2a/a2a-x402/v0.1'
+
+
+# Helpers ---------------------------------------------------------------------
+
+@pytest.fixture
+def started(tmp_path, usdc, anvil):
+    """Builds in-process apps on anvil with x402 on (settings overridable); closes their databases after."""
+    apps = []
+
+    def start(**overrides):
+        values = dict(db=str(tmp_path / f'x{len(apps)}.db'), rate_limits='off', admin_key=ADMIN_KEY,
+                      public_url=BASE, rpc_url=anvil.url, escrow_key=ESCROW_KEY, confirmations=1,
+                      x402_price=mp.parse_prices('GET /api/jobs/match=0.01'))
+        values.update(overrides)
+        apps.append(mp.make_app(mp.Settings(**values)))
+        return Client(apps[-1])
+    yield start
+    for app in apps:
+        app.service.close()
+
+
+@pytest.fixture
+def client(started):
+    return started()
+
+
+def db_of(client):
+    return client.app.service.db
+
+
+def pay(anvil, amount=PRICE, key=PAYER_KEY, to=PAY_TO, token=USDC):
+    """Mint `amount` to the wallet of `key`, which sends it to `to`: the transfer's hash (mined)."""
+    anvil.mint(DEV_ADDRESSES[DEV_KEYS.index(key)], amount, token=token)
+    return anvil.transfer(key, to, amount, token=token)
+
+
+def proof(tx_hash, network='base', **claims):
+    """X-PAYMENT of a form-1 proof naming `tx_hash` (claims: PAYER pays 0.01 USDC to PAY_TO on Base)."""
+    payload = {'txHash': tx_hash, 'from': PAYER, 'amount': '0.01', 'to': PAY_TO, 'chainId': 8453,
+               'tokenAddress': USDC, 'timestamp': int(time.time())}
+    payload.update(claims)
+    return header_of(x_payment(payload, network))
+
+
+def paid(client, payment, path=MATCH, key=None):
+    return client.get(path, key=key, headers={'X-PAYMENT': payment})
+
+
+def checked(client, payment, endpoint=None):
+    """POST /api/x402 (optionally ?endpoint=): its answer."""
+    query = '?endpoint=' + endpoint.replace(' ', '%20') if endpoint else ''
+    return client.post('/api/x402' + query, headers={'X-PAYMENT': payment} if payment is not None else None)
+
+
+def payment_response(answer):
+    return json.loads(base64.b64decode(header(answer, 'X-PAYMENT-RESPONSE')))
+
+
+def count(client, table):
+    return db_of(client).value(f'SELECT count(*) FROM {table}')
+
+
+def assert_nothing_taken(client):
+    assert (count(client, 'x402_payments'), count(client, 'used_payments'), count(client, 'wallet_accounts')) == \
+        (0, 0, 0)
+
+
+# Settings --------------------------------------------------------------------
+
+def test_parse_prices_reads_endpoints_path_forms_and_amounts():
+    assert mp.parse_prices('GET /api/jobs/match=0.01') == (mp.Price('GET', '/api/jobs/match', 10_000),)
+    for path in ('/api/jobs/:id', '/api/jobs/{id}', '/api/jobs/<job_id>',
+                 '/api/jobs/3f2504e0-4f89-11d3-9a0c-0305e82c3301'):
+        assert mp.parse_prices(f'GET {path}=1.5') == (mp.Price('GET', '/api/jobs/<job_id>', 1_500_000),), path
+    two = (mp.Price('GET', '/api/jobs/match', 10_000), mp.Price('GET', '/api/agents/match', 20_000))
+    assert mp.parse_prices('GET /api/jobs/match=0.01;GET /api/agents/match=0.02') == two
+    assert mp.parse_prices(' GET /api/jobs/match = 0.01 ;\nGET /api/agents/match=0.02; ') == two
+    assert mp.parse_prices(['GET /api/jobs/match=0.01', 'GET /api/agents/match=0.02']) == two
+    assert mp.parse_prices('get /api/jobs/match=0.01') == two[:1]
+    assert mp.parse_prices('POST /api/jobs/:id/claim=2') == (mp.Price('POST', '/api/jobs/<job_id>/claim', 2_000_000),)
+    for text, units, usdc in [('0.000001', 1, '0.000001'), ('0.01', 10_000, '0.01'), ('12.5', 12_500_000, '12.5'),
+                              ('100', 100_000_000, '100'), ('3.000000', 3_000_000, '3'),
+                              ('999999.999999', 999_999_999_999, '999999.999999')]:
+        [price] = mp.parse_prices(f'GET /api/jobs/match={text}')
+        assert (price.amount, price.usdc) == (units, usdc), text
+    assert mp.Price('GET', '/api/jobs/<job_id>', 1).endpoint == 'GET /api/jobs/{job_id}'
+
+
+@pytest.mark.parametrize('entry, message', [
+    ('GET /api/nothing=0.01', 'has no endpoint'),
+    ('DELETE /api/jobs/match=0.01', 'has no endpoint'),
+    ('GET /api/jobs/match=0', 'above 0'),
+    ('GET /api/jobs/match=0.000000', 'above 0'),
+    ('GET /api/jobs/match=0.0000001', 'at most 6 decimal places'),
+    ('GET /api/jobs/match=-1', 'above 0'),
+    ('GET /api/jobs/match=1e-2', 'above 0'),
+    ('GET /api/jobs/match', 'METHOD PATH=PRICE'),
+    ('GET /api/x402=0.01', 'cannot be priced'),
+])
+def test_parse_prices_refuses(entry, message):
+    with pytest.raises(ValueError, match=message):
+        mp.parse_prices(entry)
+    with pytest.raises(ValueError, match=message):      # one bad entry among good ones
+        mp.parse_prices(['GET /api/agents/match=0.02', entry])
+
+
+def test_prices_from_the_environment_and_from_a_repeated_flag():
+    two = (mp.Price('GET', '/api/jobs/match', 10_000), mp.Price('GET', '/api/agents/match', 20_000))
+    environ = {'MARKETPLACE_X402_PRICE': 'GET /api/jobs/match=0.01;GET /api/agents/match=0.02'}
+    assert mp.load_settings(environ=environ).x402_price == two
+    assert mp.load_settings(environ={}).x402_price == ()
+    parser = argparse.ArgumentParser()
+    mp.add_setting_flags(parser)
+    flags = vars(parser.parse_args(['--x402-price', 'GET /api/jobs/match=0.01',
+                                    '--x402-price', 'GET /api/agents/match=0.02']))
+    assert flags['x402_price'] == ['GET /api/jobs/match=0.01', 'GET /api/agents/match=0.02']
+    assert mp.load_settings(flags, environ={}).x402_price == two
+    # the flags win over the environment
+    assert mp.load_settings(vars(parser.parse_args(['--x402-price', 'GET /api/agents/match=0.02'])),
+                            environ=environ).x402_price == two[1:]
+    with pytest.raises(ValueError, match='^MARKETPLACE_X402_PRICE: .*has no endpoint'):
+        mp.load_settings(environ={'MARKETPLACE_X402_PRICE': 'GET /api/nothing=1'})
+    with pytest.raises(ValueError, match='^--x402-price: .*above 0'):
+        mp.load_settings(vars(parser.parse_args(['--x402-price', 'GET /api/jobs/match=0'])), environ={})
+
+
+def test_x402_without_rpc_url_refuses_to_start(tmp_path):
+    settings = mp.Settings(db=str(tmp_path / 'x.db'), x402_price=mp.parse_prices('GET /api/jobs/match=0.01'))
+    with pytest.raises(ValueError, match='--x402-price needs --rpc-url'):
+        mp.make_app(settings)
+
+
+def test_x402_works_on_base_and_base_sepolia_only():
+    settings = mp.Settings(chain_id=31337, x402_price=mp.parse_prices('GET /api/jobs/match=0.01'))
+    settings.onchain = object()         # X402 reads nothing of it before the chain id
+    with pytest.raises(ValueError, match=r'Base \(8453\) and Base Sepolia \(84532\), not on chain 31337'):
+        mp.X402(settings)
+
+
+# The 402, and API keys --------------------------------------------------------
+
+def test_a_priced_call_without_key_or_payment_gets_the_x402_402(client):
+    answer = client.get(MATCH + '?categories=code&limit=5')
+    assert answer.status == 402, answer
+    assert 'X-PAYMENT' in answer.json['error']
+    assert answer.json == {'error': answer.json['error'], 'code': 'payment_required', 'status': 402,
+                           'x402Version': 1, 'accepts': [REQUIREMENTS]}
+    assert header(answer, 'X-PAYMENT-RESPONSE') is None
+    assert_nothing_taken(client)
+
+
+def test_unpriced_endpoints_answer_as_before(client):
+    assert client.get('/api/agents/match?category=code').json == {'matches': [], 'total': 0}
+    assert client.get('/api/jobs/search?q=python').status == 200
+    assert client.get('/api/jobs').json['total'] == 0
+    assert_error(client.post('/api/jobs', job_body()), 401, 'unauthorized')
+    assert client.get('/api/health').json['payments'] == 'onchain'
+
+
+def test_a_valid_key_calls_free_and_its_payment_is_not_taken(client, anvil):
+    _, key = make_account(client, 'member')
+    answer = client.get(MATCH + '?categories=code', key=key)
+    assert (answer.status, answer.json, header(answer, 'X-PAYMENT-RESPONSE')) == \
+        (200, {'matches': [], 'total': 0}, None)
+    payment = proof(pay(anvil))
+    answer = paid(client, payment, key=key)
+    assert (answer.status, header(answer, 'X-PAYMENT-RESPONSE')) == (200, None), answer
+    assert_nothing_taken(client)
+    assert checked(client, payment).json['valid'] is True
+    answer = paid(client, payment)          # the proof still pays a call without a key
+    assert answer.status == 200, answer
+    assert payment_response(answer)['success'] is True
+
+
+def test_an_unknown_key_is_401_with_or_without_a_payment(client, anvil):
+    payment = proof(pay(anvil))
+    assert_error(client.get(MATCH, key='not-a-key-' + 'b' * 32), 401, 'unauthorized')
+    answer = paid(client, payment, key='not-a-key-' + 'b' * 32)
+    assert_error(answer, 401, 'unauthorized')
+    assert 'accepts' not in answer.json and header(answer, 'X-PAYMENT-RESPONSE') is None
+    account, key = make_account(client, 'revoked')
+    db_of(client).execute('UPDATE api_keys SET revoked_at = :now WHERE account_id = :id',
+                          {'now': mp.now_iso(), 'id': account['id']})
+    assert_error(paid(client, payment, key=key), 401, 'unauthorized')
+    assert_nothing_taken(client)
+    assert checked(client, payment).json['valid'] is True
+
+
+def test_a_node_that_does_not_answer_is_503_for_a_payment_only(started, anvil):
+    payment = proof(pay(anvil))
+    down = started(rpc_url='http://127.0.0.1:9')        # nothing listens there: refused at once
+    assert assert_error(down.get(MATCH), 402, 'payment_required')['accepts'] == [REQUIREMENTS]
+    for answer in (paid(down, payment), checked(down, payment)):
+        assert_error(answer, 503, 'chain_unavailable')
+        assert header(answer, 'Retry-After') == '5'
+    assert_nothing_taken(down)
+
+
+def test_the_command_line_refuses_bad_prices_and_x402_without_a_node(tmp_path):
+    from test_cli import cli
+    done = cli(tmp_path / 'c.db', 'serve', '--x402-price', 'GET /api/jobs/match=0.01')
+    assert done.returncode == 2 and '--x402-price needs --rpc-url' in done.stderr, done.stderr
+    done = cli(tmp_path / 'c.db', 'serve', env={'MARKETPLACE_X402_PRICE': 'GET /api/jobs/match=0.01;GET /api/x=1'})
+    assert done.returncode == 2, done.stderr
+    assert "MARKETPLACE_X402_PRICE: 'GET /api/x=1': the service has no endpoint GET /api/x" in done.stderr
+
+
+# Form 1: a proof of a transfer already made ------------------------------------
+
+def test_a_good_proof_pays_for_one_call_once(client, anvil):
+    tx_hash = pay(anvil)
+    payment = proof(tx_hash)
+    answer = checked(client, payment, 'GET /api/jobs/match')
+    assert answer.status == 200, answer
+    assert answer.json == {'valid': True, 'checks': ALL_PASS, 'endpoint': 'GET /api/jobs/match', 'form': 'proof'}
+    assert_nothing_taken(client)            # checking takes nothing
+
+    answer = paid(client, payment, MATCH + '?categories=code')
+    assert (answer.status, answer.json) == (200, {'matches': [], 'total': 0}), answer
+    assert payment_response(answer) == {'success': True, 'transaction': tx_hash, 'network': 'base', 'payer': PAYER}
+    [row] = db_of(client).rows('SELECT * FROM x402_payments')
+    wallet = db_of(client).row('SELECT * FROM wallet_accounts WHERE address = :a', {'a': PAYER})
+    assert {k: row[k] for k in ('form', 'status', 'amount', 'endpoint', 'payer', 'tx_hash', 'chain_id', 'asset',
+                                'account_id')} == {
+        'form': 'proof', 'status': 'confirmed', 'amount': PRICE, 'endpoint': 'GET /api/jobs/match', 'payer': PAYER,
+        'tx_hash': tx_hash, 'chain_id': 8453, 'asset': USDC, 'account_id': wallet['account_id']}
+    assert row['granted_at'] is not None
+    [used] = db_of(client).rows('SELECT * FROM used_payments')
+    assert (used['chain_id'], used['tx_hash'], used['purpose'], used['account_id'], used['job_id']) == \
+        (8453, tx_hash, 'x402', wallet['account_id'], None)
+
+    again = paid(client, payment)
+    body = assert_error(again, 402, 'payment_replayed')
+    assert body['checks'] == dict(ALL_PASS, notReplayed=False)
+    assert body['accepts'] == [REQUIREMENTS] and body['x402Version'] == 1
+    assert header(again, 'X-PAYMENT-RESPONSE') is None
+    answer = checked(client, payment)
+    assert answer.json == {'valid': False, 'checks': dict(ALL_PASS, notReplayed=False),
+                           'endpoint': 'GET /api/jobs/match', 'form': 'proof',
+                           'error': answer.json['error'], 'code': 'payment_replayed'}
+    assert count(client, 'x402_payments') == 1
+
+
+def test_a_wallet_keeps_its_account_and_a_paid_write_belongs_to_it(started, anvil):
+    client = started(x402_price=mp.parse_prices('GET /api/jobs/match=0.01;POST /api/agents=0.01'))
+    assert paid(client, proof(pay(anvil))).status == 200
+    body = {'name': 'paid agent', 'walletAddress': OTHER, 'capabilities': {'categories': ['code']}}
+    answer = client.post('/api/agents', body, headers={'X-PAYMENT': proof(pay(anvil))})
+    assert answer.status == 201, answer
+    [wallet] = db_of(client).rows('SELECT * FROM wallet_accounts')
+    assert wallet['address'] == PAYER
+    owner = db_of(client).value('SELECT account_id FROM agents WHERE id = :id', {'id': answer.json['agent']['id']})
+    assert owner == wallet['account_id']
+    assert {r['account_id'] for r in db_of(client).rows('SELECT * FROM x402_payments')} == {wallet['account_id']}
+    assert [r['endpoint'] for r in db_of(client).rows('SELECT * FROM x402_payments ORDER BY seq')] == \
+        ['GET /api/jobs/match', 'POST /api/agents']
+
+
+# Each case: a function of anvil giving the X-PAYMENT, the code, and the check that fails.
+REFUSALS = {
+    'transfer short, claimed short': (lambda a: proof(pay(a, 5_000), amount='0.005'), 'payment_insufficient',
+                                      'amount'),
+    'transfer short, claimed the price': (lambda a: proof(pay(a, 5_000)), 'payment_insufficient', 'amount'),
+    'transfer to someone else': (lambda a: proof(pay(a, to=SOMEONE)), 'payment_wrong_recipient', 'recipient'),
+    'claims someone else as recipient': (lambda a: proof(pay(a), to=SOMEONE), 'payment_wrong_recipient',
+                                         'recipient'),
+    'transfer of another token': (lambda a: proof(pay(a, token=OTHER_TOKEN)), 'payment_wrong_token', 'token'),
+    'claims another token': (lambda a: proof(pay(a), tokenAddress=OTHER_TOKEN), 'payment_wrong_token', 'token'),
+    'claims chain 84532': (lambda a: proof(pay(a), chainId=84532), 'payment_wrong_chain', 'chainId'),
+    'network base-sepolia': (lambda a: proof(pay(a), network='base-sepolia'), 'payment_wrong_chain', 'network'),
+    'unknown hash': (lambda a: proof('0x' + 'ab' * 32), 'payment_not_found', 'found'),
+    'claims another payer': (lambda a: proof(pay(a), **{'from': OTHER}), 'payment_wrong_payer', 'payer'),
+    'another wallet paid': (lambda a: proof(pay(a, key=OTHER_KEY)), 'payment_wrong_payer', 'payer'),
+}
+
+
+@pytest.mark.parametrize('case', sorted(REFUSALS))
+def test_each_refused_proof_has_its_code_and_check(client, anvil, case):
+    make, code, check = REFUSALS[case]
+    payment = make(anvil)
+    answer = paid(client, payment)
+    body = assert_error(answer, 402, code)
+    assert body['checks'][check] is False, body['checks']
+    assert list(body['checks']) == list(PROOF_CHECKS)
+    assert (body['x402Version'], body['accepts']) == (1, [REQUIREMENTS])
+    assert header(answer, 'X-PAYMENT-RESPONSE') is None
+    verdict = checked(client, payment)
+    assert verdict.status == 200, verdict
+    assert (verdict.json['valid'], verdict.json['code'], verdict.json['form']) == (False, code, 'proof')
+    assert verdict.json['checks'] == body['checks']
+    assert_nothing_taken(client)
+
+
+def test_a_reverted_transfer_is_payment_reverted(client, anvil):
+    tx_hash = anvil.transfer(PAYER_KEY, PAY_TO, PRICE, gas=100_000)     # the payer holds no USDC: status 0
+    assert anvil.receipt(tx_hash)['status'] == 0
+    body = assert_error(paid(client, proof(tx_hash)), 402, 'payment_reverted')
+    assert body['checks']['succeeded'] is False and body['checks']['found'] is True
+    assert_nothing_taken(client)
+
+
+def test_a_transfer_older_than_payment_max_age_is_payment_expired(client, anvil, real_clock):
+    payment = proof(pay(anvil))
+    real_clock.advance(days=2)                  # --payment-max-age is a day
+    body = assert_error(paid(client, payment), 402, 'payment_expired')
+    assert body['checks'] == dict(ALL_PASS, fresh=False)
+    assert_nothing_taken(client)
+
+
+def test_claims_are_compared_checksummed_and_the_hash_in_any_case(client, anvil):
+    tx_hash = pay(anvil)
+    payment = proof(tx_hash, **{'from': PAYER.lower(), 'to': PAY_TO.lower(), 'tokenAddress': USDC.lower()})
+    answer = paid(client, payment)
+    assert answer.status == 200, answer
+    assert payment_response(answer) == {'success': True, 'transaction': tx_hash, 'network': 'base', 'payer': PAYER}
+    assert_error(paid(client, proof('0x' + tx_hash[2:].upper())), 402, 'payment_replayed')
+    assert count(client, 'x402_payments') == 1
+
+
+def test_a_named_resource_is_compared_by_path(client, anvil):
+    payment = proof(pay(anvil), resource='https://elsewhere.example/api/jobs/match?categories=code')
+    assert checked(client, payment).json['checks'] == dict(ALL_PASS, resource=True)
+    other = proof(pay(anvil), resource=BASE + '/api/agents/match')
+    body = assert_error(paid(client, other), 402, 'payment_invalid')
+    assert body['checks'] == dict(ALL_PASS, resource=False)
+    assert paid(client, payment).status == 200
+
+
+def test_a_proof_not_deep_enough_is_pending_then_pays(started, anvil):
+    client = started(confirmations=2)
+    payment = proof(pay(anvil))
+    answer = paid(client, payment)
+    body = assert_error(answer, 402, 'payment_pending')
+    assert header(answer, 'Retry-After') == '2'
+    assert body['checks'] == dict(ALL_PASS, confirmations=False)
+    assert checked(client, payment).json['code'] == 'payment_pending'
+    assert_nothing_taken(client)
+    anvil.mine()
+    assert checked(client, payment).json['valid'] is True
+    answer = paid(client, payment)
+    assert answer.status == 200, answer
+    assert payment_response(answer)['success'] is True
+
+
+def test_a_call_that_fails_consumes_nothing(client, anvil):
+    payment = proof(pay(anvil))
+    answer = paid(client, payment, MATCH + '?min_pay=abc')
+    assert_error(answer, 400, 'invalid_parameter', fields=['min_pay'])
+    assert header(answer, 'X-PAYMENT-RESPONSE') is None
+    assert_nothing_taken(client)
+    assert count(client, 'accounts') == 1           # the admin only: the wallet's account went with the call
+    answer = paid(client, payment, MATCH + '?min_pay=1')
+    assert answer.status == 200, answer
+    assert count(client, 'x402_payments') == 1
+
+
+# A transaction hash pays for one thing only -------------------------------------
+
+def test_a_hash_that_funded_a_job_cannot_pay_a_call(client, anvil):
+    _, key = make_account(client, 'requester')
+    tx_hash = pay(anvil, 25_000_000)
+    funded = client.post('/api/jobs', dict(job_body(), escrowTxHash=tx_hash), key=key)
+    assert funded.status == 201, funded
+    assert (funded.json['job']['paymentRail'], funded.json['job']['escrowTxHash']) == ('base', tx_hash)
+    payment = proof(tx_hash, amount='25')
+    body = assert_error(paid(client, payment), 402, 'payment_replayed')
+    assert body['checks'] == dict(ALL_PASS, notReplayed=False)
+    assert checked(client, payment).json['code'] == 'payment_replayed'
+    assert count(client, 'x402_payments') == 0
+    assert db_of(client).value('SELECT purpose FROM used_payments') == 'escrow'
+
+
+def test_an_x402_proof_cannot_fund_a_job(client, anvil):
+    tx_hash = pay(anvil, 25_000_000)
+    assert paid(client, proof(tx_hash, amount='25')).status == 200
+    _, key = make_account(client, 'requester')
+    assert_error(client.post('/api/jobs', dict(job_body(), escrowTxHash=tx_hash), key=key), 409, 'payment_replayed')
+    assert count(client, 'jobs') == 0
+    assert db_of(client).value('SELECT purpose FROM used_payments') == 'x402'
+
+
+# GET and POST /api/x402 ---------------------------------------------------------
+
+def test_get_x402_lists_the_priced_endpoints(started):
+    client = started(x402_price=mp.parse_prices('GET /api/jobs/match=0.01;GET /api/jobs/:id=1.5'))
+    answer = client.get('/api/x402')
+    assert answer.status == 200, answer
+    job_requirements = dict(REQUIREMENTS, maxAmountRequired='1500000', resource=BASE + '/api/jobs/{job_id}',
+                            description='GET /api/jobs/{job_id}: '
+                                        + mp.API_OPERATIONS[('GET', '/api/jobs/<job_id>')]['summary'])
+    assert answer.json == {
+        'x402Version': 1, 'enabled': True, 'network': 'base', 'chainId': 8453, 'asset': USDC, 'payTo': PAY_TO,
+        'settlement': 'relayer',
+        'endpoints': [
+            {'method': 'GET', 'path': '/api/jobs/match', 'price': '0.01', 'currency': 'USDC',
+             'maxAmountRequired': '10000', 'accepts': [REQUIREMENTS]},
+            {'method': 'GET', 'path': '/api/jobs/{job_id}', 'price': '1.5', 'currency': 'USDC',
+             'maxAmountRequired': '1500000', 'accepts': [job_requirements]}]}
+
+
+def test_post_x402_endpoint_picks_the_price(started, anvil):
+    client = started(x402_price=mp.parse_prices('GET /api/jobs/match=0.01;GET /api/agents/match=0.02'))
+    payment = proof(pay(anvil))
+    for endpoint in (None, 'GET /api/jobs/match', 'get /api/jobs/match'):
+        answer = checked(client, payment, endpoint)
+        assert answer.json == {'valid': True, 'checks': ALL_PASS, 'endpoint': 'GET /api/jobs/match',
+                               'form': 'proof'}, endpoint
+    answer = checked(client, payment, 'GET /api/agents/match')
+    assert answer.status == 200, answer
+    assert (answer.json['valid'], answer.json['code'], answer.json['endpoint']) == \
+        (False, 'payment_insufficient', 'GET /api/agents/match')
+    assert answer.json['checks'] == dict(ALL_PASS, amount=False)
+    assert_error(paid(client, payment, '/api/agents/match?category=code'), 402, 'payment_insufficient')
+    assert paid(client, payment).status == 200      # the cheaper endpoint
+    assert count(client, 'x402_payments') == 1
+
+
+def test_post_x402_with_a_template_endpoint(started, anvil):
+    client = started(x402_price=mp.parse_prices('GET /api/jobs/:id=0.01'))
+    payment = proof(pay(anvil))
+    for endpoint in ('GET /api/jobs/{job_id}', 'GET /api/jobs/:id',
+                     'GET /api/jobs/3f2504e0-4f89-11d3-9a0c-0305e82c3301'):
+        answer = checked(client, payment, endpoint)
+        assert (answer.json['valid'], answer.json['endpoint']) == (True, 'GET /api/jobs/{job_id}'), endpoint
+
+
+def test_post_x402_refusals(client):
+    assert_error(checked(client, 'e30=', 'GET /api/agents/match'), 404, 'not_priced')
+    assert_error(checked(client, 'e30=', 'GET /api/nothing'), 404, 'not_priced')
+    assert_error(checked(client, None), 400, 'payment_invalid')
+    assert_error(checked(client, None, 'GET /api/jobs/match'), 400, 'payment_invalid')
+    for garbage in ('not base64!', 'e30=', base64.b64encode(b'[1, 2]').decode(), base64.b64encode(b'{"x":').decode()):
+        answer = checked(client, garbage)
+        assert answer.status == 200, answer
+        assert answer.json == {'valid': False, 'checks': {'decoded': False}, 'endpoint': 'GET /api/jobs/match',
+                               'form': None, 'error': answer.json['error'], 'code': 'payment_invalid'}, garbage
+        body = assert_error(paid(client, garbage), 402, 'payment_invalid')
+        assert body['checks'] == {'decoded': False}
+    assert_nothing_taken(client)
+
+
+def test_x402_off_lists_nothing(app):
+    """(`app` is conftest's: simulated payments, nothing priced.)"""
+    client = Client(app)
+    assert client.get('/api/x402').json == {'x402Version': 1, 'enabled': False, 'endpoints': []}
+    assert_error(checked(client, 'e30='), 404, 'not_priced')
+    assert client.get(MATCH).json == {'matches': [], 'total': 0}
+
+
+# The OpenAPI document and the service card ---------------------------------------
+
+def test_the_openapi_document_marks_priced_operations_and_the_answers_match_it(client, anvil):
+    document = client.get('/api/openapi.json').json
+    operation = document['paths']['/api/jobs/match']['get']
+    assert {'name': 'X-PAYMENT', 'in': 'header', 'schema': {'type': 'string'},
+            'description': operation['parameters'][-1]['description']} == operation['parameters'][-1]
+    assert operation['responses']['402']['content'] == \
+        {'application/json': {'schema': {'$ref': '#/components/schemas/Error'}}}
+    assert operation['responses']['200']['headers']['X-PAYMENT-RESPONSE'] == \
+        {'$ref': '#/components/headers/X-PAYMENT-RESPONSE'}
+    assert operation['security'] == [{}, {'bearerAuth': []}]
+    assert 'Priced for x402: 0.01 USDC a call' in operation['description']
+    unpriced = document['paths']['/api/agents/match']['get']
+    assert 'X-PAYMENT' not in [p['name'] for p in unpriced['parameters']] and '402' not in unpriced['responses']
+
+    check = Checker(document)
+    check(client.get(MATCH), 'GET', MATCH, 402)
+    payment = proof(pay(anvil))
+    check(checked(client, payment), 'POST', '/api/x402', 200)
+    check(checked(client, 'garbage'), 'POST', '/api/x402', 200)
+    check(checked(client, None), 'POST', '/api/x402', 400)
+    check(checked(client, payment, 'GET /api/agents/match'), 'POST', '/api/x402', 404)
+    check(client.get('/api/x402'), 'GET', '/api/x402', 200)
+    check(paid(client, payment), 'GET', MATCH, 200)
+    check(paid(client, payment), 'GET', MATCH, 402)       # replayed: with checks
+
+
+def test_the_service_card_advertises_x402(client):
+    answer = client.get('/.well-known/agent-card.json')
+    assert answer.status == 200, answer
+    card = answer.json
+    [extension] = card['capabilities']['extensions']
+    assert extension['uri'] == X402_EXTENSION_URI and extension['required'] is False
+    assert 'x402' in extension['description']
+    assert extension['params'] == {'x402Version': 1, 'scheme': 'exact', 'network': 'base', 'chainId': 8453,
+                                   'asset': USDC, 'payTo': PAY_TO, 'endpoints': ['GET /api/jobs/match'],
+                                   'pricing': BASE + '/api/x402'}
+    parsed = parse_agent_card(copy.deepcopy(card))
+    validate_proto_required_fields(parsed)
+    [parsed_extension] = parsed.capabilities.extensions
+    assert (parsed_extension.uri, parsed_extension.required) == (X402_EXTENSION_URI, False)
+    assert client.get('/.well-known/agent.json').json == card
+
+
+def test_the_service_card_without_x402_has_no_extensions(app):
+    card = Client(app).get('/.well-known/agent-card.json').json
+    assert card['capabilities'] == {'streaming': True, 'pushNotifications': True}
+    assert 'x402' not in card['description']
+    validate_proto_required_fields(parse_agent_card(copy.deepcopy(card)))
+
+
+# Defects these tests found, now fixed ------------------------------------------------
+
+def test_priced_operations_document_their_401_and_503(client, started, anvil):
+    """A priced operation documents 401 (an unknown or revoked key, even with a payment) and 503
+    (chain_unavailable when the node cannot check the payment), not only 402."""
+    check = Checker(client.get('/api/openapi.json').json)
+    payment = proof(pay(anvil))
+    down = started(rpc_url='http://127.0.0.1:9')
+    check(paid(client, payment, key='not-a-key-' + 'b' * 32), 'GET', MATCH, 401)
+    check(paid(down, payment), 'GET', MATCH, 503)
+
+
+def test_checks_of_a_payment_naming_its_resource_answer_as_documented(client, anvil):
+    """The `resource` check (made when a payment names its resource) is one the document's X402Checks lists."""
+    check = Checker(client.get('/api/openapi.json').json)
+    check(checked(client, proof(pay(anvil), resource=BASE + MATCH)), 'POST', '/api/x402', 200)
+    check(paid(client, proof(pay(anvil), resource=BASE + '/api/agents/match')), 'GET', MATCH, 402)
+
+
+def test_a_head_of_a_priced_endpoint_is_not_free(client):
+    """Bottle answers HEAD with the GET route: a HEAD of a priced endpoint is priced like its GET."""
+    answer = client.request('HEAD', MATCH)
+    assert answer.status == 402, answer
