@@ -2690,6 +2690,7 @@ class WebhookWorker:
 # x402: pay per call ##########################################################
 ###############################################################################
 
+X402_NEEDS_CHAIN = '--x402-price needs --rpc-url and --escrow-key: x402 payments are checked on chain'
 X402_TIMEOUT_SECONDS = 60       # maxTimeoutSeconds: how long a client's authorization stays valid
 SETTLEMENT_WAIT = 10            # seconds a paid call waits for its settlement to be mined
 X402_EXTENSION = 'https://github.com/google-a2a/a2a-x402/v0.1'
@@ -2722,7 +2723,7 @@ class X402:
         from verifier.x402 import NETWORKS
         onchain = settings.onchain
         if onchain is None:
-            raise ValueError('--x402-price needs --rpc-url and --escrow-key: x402 payments are checked on chain')
+            raise ValueError(X402_NEEDS_CHAIN)
         self.network = NETWORK_BY_CHAIN.get(settings.chain_id)
         if self.network is None:
             raise ValueError(f'x402 works on Base (8453) and Base Sepolia (84532), not on chain {settings.chain_id}')
@@ -2903,10 +2904,9 @@ class X402:
             raise self.refusal(price, 'This authorization has been used already.', 'payment_replayed') from None
 
     def relay(self, db, evaluation, price):
-        """Settle with the escrow wallet as relayer: signed and stored, then sent (with anything older waiting)."""
+        """Settle with the escrow wallet as relayer: signed and stored (await_settlement sends it)."""
         record = self.new_record(evaluation, price)
         self.reserve(db, record, price, sign=lambda: self.onchain.sign_settlement(db, evaluation.payment))
-        self.onchain.broadcast(db)
         return record
 
     def settle_by_facilitator(self, db, evaluation, price):
@@ -2935,8 +2935,11 @@ class X402:
         return dict(record, status='confirmed', tx_hash=tx_hash)
 
     def await_settlement(self, db, record, price):
-        """Wait for the relayer's settlement to be mined: confirmed if it moved the money, else 402."""
+        """Send the relayer's settlement if it is not yet (with anything older waiting: nonces go in order; also
+        after a crash), and wait for it to be mined: confirmed if it moved the money, else 402."""
         from verifier.checks import check_usdc_transfer
+        if record.get('broadcast_at') is None:
+            self.onchain.broadcast(db)
         try:
             receipt = self.onchain.chain.wait_for_receipt(record['tx_hash'], SETTLEMENT_WAIT)
         except ChainUnavailable:
@@ -4926,6 +4929,8 @@ class Service:
     """What the handlers share: settings, the database and the rate limiter."""
 
     def __init__(self, settings):
+        if settings.x402_price and not settings.rpc_url:
+            raise ValueError(X402_NEEDS_CHAIN)      # before the database file is made
         self.settings = settings
         self.db = Database(settings.db)
         self.db.migrate()
