@@ -2693,6 +2693,7 @@ class WebhookWorker:
 X402_NEEDS_CHAIN = '--x402-price needs --rpc-url and --escrow-key: x402 payments are checked on chain'
 X402_TIMEOUT_SECONDS = 60       # maxTimeoutSeconds: how long a client's authorization stays valid
 SETTLEMENT_WAIT = 10            # seconds a paid call waits for its settlement to be mined
+SETTLE_MARGIN = 6               # an authorization must stay valid this long for the relayer to settle it
 X402_EXTENSION = 'https://github.com/google-a2a/a2a-x402/v0.1'
 # A facilitator's invalidReason / errorReason (x402's), as this service's codes and the check it names
 FACILITATOR_REASONS = {
@@ -2781,7 +2782,7 @@ class X402:
             confirmations=self.settings.confirmations, max_age_seconds=self.settings.payment_max_age,
             tx_used=lambda tx_hash: used_payment(db, self.settings.chain_id, tx_hash) is not None,
             authorization_used=lambda payer, nonce: self.authorization_record(db, payer, nonce) is not None,
-            name=self.token_name, version=self.token_version)
+            name=self.token_name, version=self.token_version, settle_within=0 if by_facilitator else SETTLE_MARGIN)
         resource = payment.get('resource', (payment.get('payload') or {}).get('resource')) \
             if evaluation.form else None
         if resource is not None:        # a payment that names what it pays for: compared by path
@@ -2828,13 +2829,19 @@ class X402:
 
     def answer(self, price, handler, params):
         """Answer a priced call paid with X-PAYMENT: the payment checked, settled if it is an authorization, then
-        consumed in the transaction that runs the handler (as the payer's account). 402 if it does not check out."""
+        consumed in the transaction that runs the handler. 402 if it does not check out. A signed authorization
+        acts as the payer's wallet account; a proof of a transfer acts as no one, for anyone can copy it from
+        the chain, so it cannot pay a call that needs an account."""
         svc = service()
         header = request.get_header('X-PAYMENT')
         if not header:
             raise self.refusal(price, 'X-PAYMENT header is required: pay with one of `accepts` (x402).',
                                'payment_required')
         evaluation = self.evaluate(svc.db, header, price)
+        if evaluation.form == 'proof' and API_OPERATIONS[(price.method, price.rule)].get('auth') == 'key':
+            evaluation.checks.fail('signature', VerificationError(
+                f'{price.endpoint} acts as the payer\'s account: pay it with a signed authorization. A proof of a '
+                'transfer does not show who sends it (anyone can copy it from the chain).', 'payment_invalid'))
         record = None
         if evaluation.form == 'authorization':
             record = self.settlement(svc.db, evaluation, price)
@@ -2842,21 +2849,20 @@ class X402:
             raise self.refuse(price, evaluation)
         moment = now_iso()
         with svc.db.transaction():
-            account = wallet_account(svc.db, evaluation.payer)
+            account = wallet_account(svc.db, evaluation.payer) if record else None
             try:
                 if record is None:      # form 1: the proof is consumed here
                     record = {'id': new_id(), 'form': 'proof', 'endpoint': price.endpoint,
                               'chain_id': self.settings.chain_id, 'asset': self.onchain.usdc,
                               'payer': evaluation.payer, 'amount': evaluation.amount, 'tx_hash': evaluation.tx_hash,
-                              'status': 'confirmed', 'account_id': account['id'], 'granted_at': moment,
-                              'created_at': moment}
+                              'status': 'confirmed', 'granted_at': moment, 'created_at': moment}
                     svc.db.insert('used_payments', {'chain_id': self.settings.chain_id, 'tx_hash': record['tx_hash'],
-                                                    'purpose': 'x402', 'account_id': account['id'], 'job_id': None,
-                                                    'created_at': moment})
+                                                    'purpose': 'x402', 'created_at': moment})
                     svc.db.insert('x402_payments', record)
-                elif not svc.db.execute('''UPDATE x402_payments SET granted_at = :moment, account_id = :account
-                                           WHERE id = :id AND granted_at IS NULL''',
-                                        {'moment': moment, 'account': account['id'], 'id': record['id']}):
+                elif not svc.db.execute('''UPDATE x402_payments SET granted_at = :moment, account_id = :account,
+                                           endpoint = :endpoint WHERE id = :id AND granted_at IS NULL''',
+                                        {'moment': moment, 'account': account['id'], 'endpoint': price.endpoint,
+                                         'id': record['id']}):
                     raise apsw.ConstraintError('answered already')
             except apsw.ConstraintError:        # the same proof, taken by a call at the same moment
                 raise self.refusal(price, 'This payment has paid for a call already.', 'payment_replayed') from None
@@ -2871,9 +2877,13 @@ class X402:
         """The confirmed settlement of a form-2 payment not yet answered: made now, or, when the same X-PAYMENT
         comes again after a 503, the one made then."""
         record = evaluation.payer and self.authorization_record(db, evaluation.payer, evaluation.nonce)
-        resumable = record is not None and record['granted_at'] is None and record['status'] != 'failed' and \
-            record['tx_hash'] is not None and set(evaluation.checks.errors) <= {'fresh', 'notReplayed', 'balance'}
-        if not resumable:
+        # The same authorization again: only what its own settlement changed may fail now.
+        again = record is not None and record['tx_hash'] is not None and record['granted_at'] is None and \
+            set(evaluation.checks.errors) <= {'fresh', 'notReplayed', 'balance'}
+        if again and record['status'] == 'failed':
+            raise self.refusal(price, f'The settlement {record["tx_hash"]} reverted on chain: nothing was paid.',
+                               'payment_reverted')
+        if not again:
             if evaluation.error is None and self.facilitator:
                 self.facilitator_verdict(evaluation, price)
             if evaluation.error:

@@ -201,7 +201,7 @@ CREATE TABLE IF NOT EXISTS used_payments (
     PRIMARY KEY (chain_id, tx_hash)
 );
 
--- A wallet that pays x402 calls without an API key acts as an account of its own, made on its first payment.
+-- A wallet that pays x402 calls with a signed authorization acts as an account of its own, made on its first one.
 CREATE TABLE IF NOT EXISTS wallet_accounts (
     address     TEXT PRIMARY KEY,               -- checksummed
     account_id  TEXT NOT NULL UNIQUE REFERENCES accounts(id),
@@ -227,7 +227,7 @@ CREATE TABLE IF NOT EXISTS x402_payments (
     raw_tx               TEXT,                  -- a settlement sent by the service: as for payouts
     nonce                INTEGER,
     broadcast_at         TEXT,
-    account_id           TEXT REFERENCES accounts(id),    -- the account the paid call ran as
+    account_id           TEXT REFERENCES accounts(id),    -- the payer's account the call ran as (form 2 only)
     granted_at           TEXT,
     created_at           TEXT NOT NULL,
     UNIQUE (chain_id, asset, payer, authorization_nonce)

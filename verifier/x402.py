@@ -139,13 +139,15 @@ def _check_network(payment, chain_id):
 
 
 def evaluate_payment(payment, *, chain_id, token, pay_to, min_amount, now, chain=None, confirmations=1,
-                     max_age_seconds=None, tx_used=None, authorization_used=None, name=None, version=None):
+                     max_age_seconds=None, tx_used=None, authorization_used=None, name=None, version=None,
+                     settle_within=0):
     """Check an X-PAYMENT (the header's text, or the object it decodes to) against what is asked: `min_amount`
     USDC base units of `token` to `pay_to` on `chain_id`, at `now` (unix seconds). Every check of its form runs
     and is recorded (a node that does not answer raises ChainUnavailable). `chain` (a verifier.chain.Chain) is
     asked what is on chain; without it those checks are left out. `tx_used(tx_hash)` and
     `authorization_used(payer, nonce)` say whether the service has taken a proof already. The EIP-712 domain's
-    name and version default to those of the network's USDC (NETWORKS)."""
+    name and version default to those of the network's USDC (NETWORKS). An authorization must stay valid
+    `settle_within` seconds more, to be settled before it expires."""
     try:
         if isinstance(payment, str):
             payment = decode_payment_header(payment)
@@ -172,7 +174,7 @@ def evaluate_payment(payment, *, chain_id, token, pay_to, min_amount, now, chain
         else:
             _evaluate_authorization(evaluation, chain=chain, chain_id=chain_id, token=token, pay_to=pay_to,
                                     min_amount=min_amount, now=now, authorization_used=authorization_used,
-                                    name=name, version=version)
+                                    name=name, version=version, settle_within=settle_within)
     except _Undecodable as undecodable:
         checks.fail('decoded', undecodable.error)
         checks.skip(*later)
@@ -322,7 +324,7 @@ def _check_signer(payload, payer, **domain):
 
 
 def _evaluate_authorization(evaluation, *, chain, chain_id, token, pay_to, min_amount, now, authorization_used,
-                            name, version):
+                            name, version, settle_within):
     checks, payload = evaluation.checks, evaluation.payment['payload']
     try:
         fields = _authorization_fields(payload['authorization'])
@@ -337,9 +339,10 @@ def _evaluate_authorization(evaluation, *, chain, chain_id, token, pay_to, min_a
                'payment_wrong_recipient')
     checks.run('amount', _expect, fields['value'] >= min_amount, f'The authorization is for {fields["value"]} base '
                f'units; at least {min_amount} are needed.', 'payment_insufficient')
-    checks.run('fresh', _expect, fields['validAfter'] < now < fields['validBefore'],
+    checks.run('fresh', _expect, fields['validAfter'] < now < fields['validBefore'] - settle_within,
                f'The authorization is valid only after {fields["validAfter"]} and before {fields["validBefore"]}; '
-               f'it is {int(now)}.', 'payment_expired')
+               f'it is {int(now)}' + (f', and settling it may take {settle_within} seconds.' if settle_within else '.'),
+               'payment_expired')
     used = bool(authorization_used and authorization_used(fields['from'], fields['nonce']))
     if not used and chain is not None:
         used = chain.authorization_used(token, fields['from'], fields['nonce'])
