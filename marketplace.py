@@ -1335,7 +1335,7 @@ def is_admin(account):
 # Requests per client IP per fixed one-hour window, by endpoint class.
 RATE_LIMITS = {
     'read': 60, 'jobs_create': 20, 'agents_create': 10, 'job_action': 30, 'registration': 10,
-    'votes': 30, 'arbitrators': 10, 'webhook_test': 10, 'sweeps': 60,
+    'votes': 30, 'arbitrators': 10, 'webhook_test': 10, 'sweeps': 60, 'pages': 600,
 }
 
 
@@ -3191,16 +3191,20 @@ def list_agents():
             'total': db.value('SELECT count(*) FROM agents'), 'limit': limit, 'offset': offset}
 
 
-@route('GET', '/api/agents/<agent_id>')
-def show_agent(agent_id):
-    db = service().db
-    agent = get_agent(db, parse_uuid(agent_id, 'agentId'))
+def agent_detail(db, agent_id, viewer=None):
+    """An agent with its 50 newest claims and 200 newest reputation changes, as GET /api/agents/:id shows it."""
+    agent = get_agent(db, agent_id)
     claims = db.rows('SELECT * FROM claims WHERE agent_id = :id ORDER BY created_at DESC, rowid DESC LIMIT 50',
                      {'id': agent['id']})
     history = db.rows('''SELECT * FROM reputation_events WHERE agent_id = :id
                          ORDER BY created_at DESC, rowid DESC LIMIT 200''', {'id': agent['id']})
-    return {'agent': agent_json(agent, caller()), 'claims': [claim_json(c) for c in claims],
+    return {'agent': agent_json(agent, viewer), 'claims': [claim_json(c) for c in claims],
             'reputationHistory': [reputation_json(e) for e in history]}
+
+
+@route('GET', '/api/agents/<agent_id>')
+def show_agent(agent_id):
+    return agent_detail(service().db, parse_uuid(agent_id, 'agentId'), caller())
 
 
 def owned_agent(agent_id, account, admin_too=True):
@@ -3637,21 +3641,19 @@ def post_job():
     return {'job': job_json(job, svc.settings.base_url)}
 
 
-@route('GET', '/api/jobs/<job_id>')
-def show_job(job_id):
-    svc = service()
-    job = get_job(svc.db, parse_uuid(job_id, 'jobId'))
-    claims = svc.db.rows('SELECT * FROM claims WHERE job_id = :id ORDER BY created_at, rowid', {'id': job['id']})
-    payments = svc.db.rows('SELECT * FROM payments WHERE job_id = :id ORDER BY seq', {'id': job['id']})
-    return {'job': job_json(job, svc.settings.base_url), 'claims': [claim_json(c) for c in claims],
+def job_detail(db, job_id, base_url):
+    """A job with its claims and payments, as GET /api/jobs/:id shows it (and its page)."""
+    job = get_job(db, job_id)
+    claims = db.rows('SELECT * FROM claims WHERE job_id = :id ORDER BY created_at, rowid', {'id': job['id']})
+    payments = db.rows('SELECT * FROM payments WHERE job_id = :id ORDER BY seq', {'id': job['id']})
+    return {'job': job_json(job, base_url), 'claims': [claim_json(c) for c in claims],
             'payments': [payment_json(p) for p in payments]}
 
 
-@route('GET', '/jobs/<job_id>')
-def job_page(job_id):
-    """The job's page (each job's `url`): for now its JSON, until the job board pages exist."""
-    job = get_job(service().db, parse_uuid(job_id, 'jobId'))
-    return bottle.HTTPResponse(status=303, headers={'Location': f'/api/jobs/{job["id"]}'})
+@route('GET', '/api/jobs/<job_id>')
+def show_job(job_id):
+    svc = service()
+    return job_detail(svc.db, parse_uuid(job_id, 'jobId'), svc.settings.base_url)
 
 
 @route('POST', '/api/jobs/<job_id>/claim', limit='job_action')
@@ -3867,13 +3869,17 @@ def get_disputes():
             'total': db.value('SELECT count(*) FROM disputes d' + clause, params), 'limit': limit, 'offset': offset}
 
 
+def dispute_detail(db, dispute_id, base_url):
+    """A dispute with its job and the disputed claim, as GET /api/disputes/:id shows it."""
+    dispute = get_dispute(db, dispute_id)
+    return {'dispute': dispute_json(dispute), 'job': job_json(get_job(db, dispute['job_id']), base_url),
+            'claim': claim_json(get_claim(db, dispute['job_id'], dispute['claim_id']))}
+
+
 @route('GET', '/api/disputes/<dispute_id>')
 def show_dispute(dispute_id):
     svc = service()
-    dispute = get_dispute(svc.db, parse_uuid(dispute_id, 'disputeId'))
-    return {'dispute': dispute_json(dispute),
-            'job': job_json(get_job(svc.db, dispute['job_id']), svc.settings.base_url),
-            'claim': claim_json(get_claim(svc.db, dispute['job_id'], dispute['claim_id']))}
+    return dispute_detail(svc.db, parse_uuid(dispute_id, 'disputeId'), svc.settings.base_url)
 
 
 @route('PATCH', '/api/disputes/<dispute_id>', limit=None)
@@ -3977,6 +3983,188 @@ def post_expire():
 @route('POST', '/api/jobs/auto-verify', limit='sweeps')
 def post_auto_verify():
     return run_sweep_for_admin(auto_verify_deliveries)
+
+
+###############################################################################
+# Pages: the job board for people #############################################
+###############################################################################
+
+TEMPLATES = HERE / 'templates'
+STYLESHEET = HERE / 'static' / 'style.css'
+EXPLORERS = {8453: 'https://basescan.org', 84532: 'https://sepolia.basescan.org'}     # block explorers by chain
+BOARD_SIZE = 50
+HTML_TYPE = 'text/html; charset=utf-8'
+
+
+def when(moment):
+    """An ISO time as people read it: '2026-11-21 16:40 UTC'."""
+    return f'{moment[:10]} {moment[11:16]} UTC' if moment else ''
+
+
+def render(name, **values):
+    """A page from templates/NAME.tpl (Bottle's SimpleTemplate, where {{...}} is always HTML-escaped)."""
+    response.content_type = HTML_TYPE
+    svc = service()
+    explorer = EXPLORERS.get(svc.settings.chain_id) if svc.settings.onchain else None
+    return bottle.template(name, template_lookup=[str(TEMPLATES)], when=when, explorer=explorer, **values)
+
+
+def page(handler):
+    """A page handler whose refusals (a malformed or unknown id, a bad filter) are pages too, with their status."""
+    @functools.wraps(handler)
+    def show(**params):
+        try:
+            return handler(**params)
+        except APIError as error:
+            response.status = error.status
+            return render('error', title=f'{error.status} {bottle.HTTP_CODES.get(error.status, "")}', error=error)
+    return show
+
+
+def agent_names(db, agent_ids):
+    """{agent id: name} of these agents."""
+    ids = sorted(set(agent_ids))
+    marks = ', '.join(f':a{i}' for i in range(len(ids)))
+    rows = db.rows(f'SELECT id, name FROM agents WHERE id IN ({marks})', {f'a{i}': a for i, a in enumerate(ids)})
+    return {row['id']: row['name'] for row in rows}
+
+
+PAYMENT_EVENTS = {'escrow': 'Escrow locked', 'release': 'Paid to the worker', 'refund': 'Refunded to the requester',
+                  'fee': 'Operator fee'}
+
+
+def job_timeline(job, claims, disputes, payments, names):
+    """What happened to a job, oldest first: [{at, what, detail}]."""
+    events = [{'at': job['createdAt'], 'what': 'Posted',
+               'detail': f'{job["paymentAmount"]} {job["paymentCurrency"]}, due {when(job["deadline"])}'}]
+    for claim in claims:
+        agent = names.get(claim['agentId'], 'an agent')
+        events.append({'at': claim['createdAt'], 'what': 'Claimed', 'detail': f'by {agent}'})
+        if claim['deliveredAt']:
+            events.append({'at': claim['deliveredAt'], 'what': 'Delivered', 'detail': f'by {agent}'})
+        if claim['verifiedAt'] and claim['status'] in ('approved', 'rejected'):
+            what = 'Approved automatically' if claim['autoApproved'] else claim['status'].capitalize()
+            events.append({'at': claim['verifiedAt'], 'what': what,
+                           'detail': f'{agent}\'s delivery' + (f': {claim["verificationReason"]}'
+                                                               if claim['verificationReason'] else '')})
+        elif claim['status'] == 'expired':
+            events.append({'at': claim['updatedAt'], 'what': 'Claim expired', 'detail': f'{agent} did not deliver'})
+    for dispute in disputes:
+        events.append({'at': dispute['createdAt'], 'what': 'Disputed', 'detail': dispute['reason'],
+                       'link': f'/disputes/{dispute["id"]}'})
+        if dispute['resolvedAt']:
+            events.append({'at': dispute['resolvedAt'], 'what': f'Dispute decided for the {dispute["outcome"]}',
+                           'detail': dispute['resolution'] or '', 'link': f'/disputes/{dispute["id"]}'})
+    for payment in payments:
+        events.append({'at': payment['createdAt'], 'what': PAYMENT_EVENTS[payment['type']],
+                       'detail': f'{payment["amount"]} {payment["currency"]} ({payment["status"]})',
+                       'txHash': payment['txHash']})
+    if job['status'] in ('cancelled', 'expired'):
+        events.append({'at': job['updatedAt'], 'what': job['status'].capitalize(), 'detail': ''})
+    return sorted(events, key=lambda event: event['at'])
+
+
+def reputation_chart(history, width=600, height=120, pad=8):
+    """The points of an SVG polyline of the score over time (history newest first, as the API gives it):
+    one step per change, the score before the first change included. None without history."""
+    if not history:
+        return None
+    changes = list(reversed(history))
+    first = Decimal(changes[0]['scoreAfter']) - Decimal(changes[0]['delta'])
+    scores = [max(first, Decimal(0))] + [Decimal(change['scoreAfter']) for change in changes]
+    low, high = min(scores), max(scores)
+    span = (high - low) or Decimal(1)
+    step = (width - 2 * pad) / (len(scores) - 1)
+    points = [(pad + i * step, pad + float((high - score) / span) * (height - 2 * pad)) for i, score in enumerate(scores)]
+    return {'points': ' '.join(f'{x:.1f},{y:.1f}' for x, y in points), 'width': width, 'height': height,
+            'low': format(low, '.2f'), 'high': format(high, '.2f'), 'first': format(scores[0], '.2f'),
+            'last': format(scores[-1], '.2f')}
+
+
+@route('GET', '/static/style.css', limit=None)
+def stylesheet():
+    response.content_type = 'text/css; charset=utf-8'
+    response.set_header('Cache-Control', 'public, max-age=3600')
+    return STYLESHEET.read_bytes()
+
+
+@route('GET', '/', limit='pages')
+@page
+def board():
+    """The job board: open jobs newest first, filtered, searched; new ones arrive by the live stream."""
+    svc, query = service(), request.query
+    text = query.get('q', '').strip()[:MAX_QUERY_LENGTH]
+    category = query_choice(query, 'category', CATEGORIES)
+    min_pay = query_min_pay(query)
+    jobs, total = list_jobs(svc.db, match=fts_query(text) if text else None, category=category, status='open',
+                            min_pay=min_pay, limit=BOARD_SIZE)
+    stream = None
+    if not text:        # the stream has no full-text filter: a searched board does not update itself
+        stream = '/api/jobs/stream' + ('?' if category or min_pay is not None else '') + '&'.join(
+            ([f'categories={category}'] if category else []) +
+            ([f'min_pay={format_cents(min_pay)}'] if min_pay is not None else []))
+    return render('board', title='Open jobs', jobs=[job_json(job, svc.settings.base_url) for job in jobs],
+                  total=total, q=text, category=category or '', min_pay=query.get('min_pay', '').strip()[:20],
+                  categories=CATEGORIES, stream=stream)
+
+
+@route('GET', '/jobs/<job_id>', limit='pages')
+@page
+def job_page(job_id):
+    """A job: what it asks, what happened to it (a timeline), its claims, deliverables and payments."""
+    svc = service()
+    detail = job_detail(svc.db, parse_uuid(job_id, 'jobId'), svc.settings.base_url)
+    disputes = [dispute_json(d) for d in svc.db.rows(f'{DISPUTE_SELECT} WHERE d.job_id = :id ORDER BY d.created_at',
+                                                     {'id': detail['job']['id']})]
+    names = agent_names(svc.db, [claim['agentId'] for claim in detail['claims']])
+    timeline = job_timeline(detail['job'], detail['claims'], disputes, detail['payments'], names)
+    return render('job', title=detail['job']['title'], names=names, disputes=disputes, timeline=timeline, **detail)
+
+
+@route('GET', '/agents', limit='pages')
+@page
+def agents_page():
+    """The leaderboard: agents by reputation."""
+    db = service().db
+    agents = db.rows(f'{AGENT_SELECT} ORDER BY {AGENT_SORTS["reputation"]} LIMIT 100')
+    return render('agents', title='Agents', agents=[agent_json(agent) for agent in agents],
+                  total=db.value('SELECT count(*) FROM agents'))
+
+
+@route('GET', '/agents/<agent_id>', limit='pages')
+@page
+def agent_page(agent_id):
+    """An agent: profile, capabilities, reputation over time, recent jobs."""
+    svc = service()
+    detail = agent_detail(svc.db, parse_uuid(agent_id, 'agentId'))
+    jobs = {row['id']: row for row in svc.db.rows(
+        'SELECT j.id, j.title, j.status FROM jobs j JOIN claims c ON c.job_id = j.id WHERE c.agent_id = :id',
+        {'id': detail['agent']['id']})}
+    return render('agent', title=detail['agent']['name'], jobs=jobs,
+                  chart=reputation_chart(detail['reputationHistory']), **detail)
+
+
+@route('GET', '/disputes/<dispute_id>', limit='pages')
+@page
+def dispute_page(dispute_id):
+    """A dispute: the reason, the votes with their reasoning, the outcome."""
+    svc = service()
+    detail = dispute_detail(svc.db, parse_uuid(dispute_id, 'disputeId'), svc.settings.base_url)
+    votes = svc.db.rows('''SELECT v.*, a.name AS arbitrator FROM votes v JOIN arbitrators a ON a.id = v.arbitrator_id
+                           WHERE v.dispute_id = :id ORDER BY v.created_at, v.rowid''', {'id': detail['dispute']['id']})
+    names = agent_names(svc.db, [detail['claim']['agentId']])
+    return render('dispute', title=f'Dispute: {detail["job"]["title"]}', names=names,
+                  votes=[dict(vote_json(vote), arbitrator=vote['arbitrator']) for vote in votes], **detail)
+
+
+@route('GET', '/arbitrators', limit='pages')
+@page
+def arbitrators_page():
+    """The arbitrators, most accurate first."""
+    db = service().db
+    arbitrators = db.rows(f'''{ARBITRATOR_SELECT}
+        ORDER BY a.status, accuracy IS NULL, accuracy DESC, votes_cast DESC, a.created_at LIMIT 200''')
+    return render('arbitrators', title='Arbitrators', arbitrators=[arbitrator_json(a) for a in arbitrators])
 
 
 ###############################################################################
@@ -4536,6 +4724,7 @@ JOB_STATUS_PARAM = {'name': 'status', 'schema': JOB_STATUS_SCHEMA, 'description'
 CATEGORIES_PARAM = {'name': 'categories', 'schema': {'type': 'string', 'examples': ['code,data']},
                     'description': 'Comma-separated categories; any of them matches.'}
 
+PAGE_ERRORS = 'A malformed id is a 400 page, an unknown one a 404 page (HTML, not JSON).'
 STREAM_DESCRIPTION = '''Server-Sent Events, each with an `event:` line and a JSON `data:` line:
 `connected` first (data: the filters, the heartbeat interval and the maximum duration), then `job.new`
 for each matching new job (data: a job summary; `id:` set so that `Last-Event-ID` resumes), `heartbeat`
@@ -4674,10 +4863,33 @@ API_OPERATIONS = {
     ('GET', '/api/jobs/<job_id>'): {
         'summary': 'A job with its claims and payment records', 'tags': ['Jobs'],
         'ok': (200, 'JobDetail'), 'errors': (400, 404, 429)},
+    ('GET', '/'): {
+        'summary': 'The job board (HTML): open jobs newest first, with filters and a search box', 'tags': ['Pages'],
+        'query': [{'name': 'q', 'schema': {'type': 'string', 'maxLength': 500}, 'description': 'Words to search for.'},
+                  CATEGORY_PARAM, MIN_PAY_PARAM],
+        'ok': (200, None), 'media': ['text/html'], 'errors': (429,),
+        'description': 'New jobs appear at the top without a reload, from GET /api/jobs/stream. A bad filter is '
+                       'a 400 page.'},
     ('GET', '/jobs/<job_id>'): {
-        'summary': "The job's page (each job's url); for now it redirects to GET /api/jobs/{job_id}",
-        'tags': ['Jobs'], 'ok': (303, None), 'media': [],
-        'ok_description': 'See Other: Location is /api/jobs/{job_id}.', 'errors': (400, 404, 429)},
+        'summary': "A job's page (HTML; each job's url): requirements, timeline, claims, payments", 'tags': ['Pages'],
+        'ok': (200, None), 'media': ['text/html'], 'errors': (429,), 'description': PAGE_ERRORS},
+    ('GET', '/agents'): {
+        'summary': 'The agents by reputation (HTML)', 'tags': ['Pages'], 'ok': (200, None), 'media': ['text/html'],
+        'errors': (429,)},
+    ('GET', '/agents/<agent_id>'): {
+        'summary': "An agent's page (HTML): profile, capabilities, reputation over time, recent jobs",
+        'tags': ['Pages'], 'ok': (200, None), 'media': ['text/html'], 'errors': (429,),
+        'description': PAGE_ERRORS},
+    ('GET', '/disputes/<dispute_id>'): {
+        'summary': "A dispute's page (HTML): the reason, the votes with their reasoning, the outcome",
+        'tags': ['Pages'], 'ok': (200, None), 'media': ['text/html'], 'errors': (429,),
+        'description': PAGE_ERRORS},
+    ('GET', '/arbitrators'): {
+        'summary': 'The arbitrators (HTML)', 'tags': ['Pages'], 'ok': (200, None), 'media': ['text/html'],
+        'errors': (429,)},
+    ('GET', '/static/style.css'): {
+        'summary': "The pages' stylesheet", 'tags': ['Pages'], 'ok': (200, None), 'media': ['text/css'],
+        'errors': ()},
     ('POST', '/api/jobs/<job_id>/claim'): {
         'summary': 'Claim a job for an agent the caller owns', 'tags': ['Jobs'], 'auth': 'key',
         'body': 'ClaimCreate', 'body_optional': True, 'ok': (201, 'ClaimResult'),
@@ -4766,6 +4978,7 @@ API_TAGS = [
     {'name': 'Sweeps', 'description': 'Expiry and auto-verification, also run by the server itself.'},
     {'name': 'Webhooks', 'description': 'Signed event deliveries to agents, their log, tests and chat templates.'},
     {'name': 'Payments', 'description': 'x402: endpoints priced per call, paid in USDC without an API key.'},
+    {'name': 'Pages', 'description': 'The job board for people: server-rendered HTML.'},
 ]
 
 # Error answers by status: component name, description and the headers each carries.
