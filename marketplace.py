@@ -4724,7 +4724,6 @@ JOB_STATUS_PARAM = {'name': 'status', 'schema': JOB_STATUS_SCHEMA, 'description'
 CATEGORIES_PARAM = {'name': 'categories', 'schema': {'type': 'string', 'examples': ['code,data']},
                     'description': 'Comma-separated categories; any of them matches.'}
 
-PAGE_ERRORS = 'A malformed id is a 400 page, an unknown one a 404 page (HTML, not JSON).'
 STREAM_DESCRIPTION = '''Server-Sent Events, each with an `event:` line and a JSON `data:` line:
 `connected` first (data: the filters, the heartbeat interval and the maximum duration), then `job.new`
 for each matching new job (data: a job summary; `id:` set so that `Last-Event-ID` resumes), `heartbeat`
@@ -4867,23 +4866,22 @@ API_OPERATIONS = {
         'summary': 'The job board (HTML): open jobs newest first, with filters and a search box', 'tags': ['Pages'],
         'query': [{'name': 'q', 'schema': {'type': 'string', 'maxLength': 500}, 'description': 'Words to search for.'},
                   CATEGORY_PARAM, MIN_PAY_PARAM],
-        'ok': (200, None), 'media': ['text/html'], 'errors': (429,),
-        'description': 'New jobs appear at the top without a reload, from GET /api/jobs/stream. A bad filter is '
-                       'a 400 page.'},
+        'ok': (200, None), 'media': ['text/html'], 'errors': (429,), 'html_errors': (400,),
+        'description': 'New jobs appear at the top without a reload, from GET /api/jobs/stream.'},
     ('GET', '/jobs/<job_id>'): {
         'summary': "A job's page (HTML; each job's url): requirements, timeline, claims, payments", 'tags': ['Pages'],
-        'ok': (200, None), 'media': ['text/html'], 'errors': (429,), 'description': PAGE_ERRORS},
+        'ok': (200, None), 'media': ['text/html'], 'errors': (429,), 'html_errors': (400, 404)},
     ('GET', '/agents'): {
         'summary': 'The agents by reputation (HTML)', 'tags': ['Pages'], 'ok': (200, None), 'media': ['text/html'],
         'errors': (429,)},
     ('GET', '/agents/<agent_id>'): {
         'summary': "An agent's page (HTML): profile, capabilities, reputation over time, recent jobs",
         'tags': ['Pages'], 'ok': (200, None), 'media': ['text/html'], 'errors': (429,),
-        'description': PAGE_ERRORS},
+        'html_errors': (400, 404)},
     ('GET', '/disputes/<dispute_id>'): {
         'summary': "A dispute's page (HTML): the reason, the votes with their reasoning, the outcome",
         'tags': ['Pages'], 'ok': (200, None), 'media': ['text/html'], 'errors': (429,),
-        'description': PAGE_ERRORS},
+        'html_errors': (400, 404)},
     ('GET', '/arbitrators'): {
         'summary': 'The arbitrators (HTML)', 'tags': ['Pages'], 'ok': (200, None), 'media': ['text/html'],
         'errors': (429,)},
@@ -5044,6 +5042,9 @@ def openapi_operation(path, entry):
         responses[str(other)] = {'description': description, 'content': json_content(name)}
     for code in sorted(set(entry['errors']) | {405}):
         responses[str(code)] = {'$ref': f'#/components/responses/{ERROR_RESPONSES[code][0]}'}
+    for code in entry.get('html_errors', ()):      # a page's refusals are pages too
+        responses[str(code)] = {'description': f'{ERROR_RESPONSES[code][1]} As an HTML page.',
+                                'content': {'text/html': {'schema': {'type': 'string'}}}}
     responses['default'] = {'$ref': '#/components/responses/Error'}
     operation = {'summary': entry['summary'], 'tags': entry['tags']}
     if 'description' in entry:

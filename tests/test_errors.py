@@ -45,6 +45,17 @@ def assert_error(answer, status, code, where=''):
     return headers, body
 
 
+# The pages for people answer their refusals as pages (HTML), with the same status.
+PAGES = {path for (method, path), entry in mp.API_OPERATIONS.items() if entry['tags'] == ['Pages']}
+
+
+def assert_page_error(answer, status, where=''):
+    got_status, headers, body = answer
+    assert got_status == status, (where, got_status, body[:300])
+    assert header(headers, 'Content-Type') == 'text/html; charset=utf-8', (where, headers)
+    assert f'<h1>{status} '.encode() in body and b'Traceback' not in body, (where, body[:300])
+
+
 def allowed(headers):
     return {method.strip() for method in header(headers, 'Allow').split(',') if method.strip()}
 
@@ -88,7 +99,11 @@ def test_every_route_answers_errors_as_json(app):
             assert wrong not in allowed(headers), (where, wrong, headers)
 
         # A malformed UUID in the path: 400 invalid_uuid (with a valid key for POST routes).
-        if '<' in path:
+        if '<' in path and path in PAGES:
+            for bad in ('not-a-uuid', str(uuid.uuid4()) + '0'):
+                assert_page_error(call(app, method, fill(path, bad)), 400, f'{where} with {bad}')
+            assert_page_error(call(app, method, concrete), 404, where)
+        elif '<' in path:
             for bad in ('not-a-uuid', '1234', str(uuid.uuid4())[:-1] + 'g', str(uuid.uuid4()) + '0'):
                 _, body = assert_error(call(app, method, fill(path, bad), {} if method in WRITES else None,
                                             key=key if keyed else None),
@@ -137,7 +152,7 @@ def test_open_registration_routes_really_need_no_key(client):
 
 
 def test_unknown_paths_are_json_404(app):
-    for method, path in [('GET', '/'), ('GET', '/api'), ('GET', '/api/nope'), ('POST', '/api/nope'),
+    for method, path in [('GET', '/nope'), ('GET', '/api'), ('GET', '/api/nope'), ('POST', '/api/nope'),
                          ('GET', '/index.html'), ('DELETE', '/api/jobs/x/y/z'), ('GET', '/api/health/')]:
         assert_error(call(app, method, path), 404, 'not_found', f'{method} {path}')
 
@@ -254,6 +269,9 @@ def test_uuid_with_a_trailing_newline_is_malformed_on_every_route(app):
             continue
         bad = str(uuid.uuid4()) + '\n'
         keyed = mp.API_OPERATIONS[(method, path)].get('auth') == 'key'
+        if path in PAGES:
+            assert_page_error(call(app, method, fill(path, bad)), 400, f'{method} {path}')
+            continue
         assert_error(call(app, method, fill(path, bad), {} if method in WRITES else None, key=key if keyed else None),
                      400, 'invalid_uuid', f'{method} {path}')
 

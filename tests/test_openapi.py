@@ -18,8 +18,8 @@ METHODS = ('get', 'put', 'post', 'delete', 'options', 'head', 'patch', 'trace')
 
 API_ALSO = {(method, mp.openapi_path(path)): entry.get('also', {}) for (method, path), entry in mp.API_OPERATIONS.items()}
 REAL_ROUTES = {(method, path): bucket for method, path, _, bucket in mp.ROUTES}
-# A stream does not end in-process, and the job page is a redirect with no body; their own tests cover them.
-NOT_DRIVEN = {('GET', '/api/jobs/stream'), ('GET', '/jobs/<job_id>'),
+# A stream does not end in-process; its own tests cover it.
+NOT_DRIVEN = {('GET', '/api/jobs/stream'),
               ('POST', '/api/x402')}      # needs a chain: test_x402.py checks its answers against this document
 
 
@@ -126,13 +126,16 @@ def test_every_operation_documents_its_errors(document):
     for (method, path), operation in operations(document).items():
         where = f'{method} {path}'
         responses = operation['responses']
-        errors = {status for status, response in responses.items()
-                  if status.startswith('4') and follow(document, response)['content']['application/json']['schema']
-                  == {'$ref': '#/components/schemas/Error'}}
+        contents = {status: follow(document, response)['content'] for status, response in responses.items()
+                    if status.startswith('4')}
+        errors = {status for status, content in contents.items()
+                  if content.get('application/json', {}).get('schema') == {'$ref': '#/components/schemas/Error'}}
+        pages = {status for status, content in contents.items() if set(content) == {'text/html'}}
         assert errors, where
         assert '405' in errors and 'default' in responses, where
+        assert not pages or operation['tags'] == ['Pages'], where      # only pages answer errors as pages
         for name in re.findall(r'{(\w+)}', path):
-            assert {'400', '404'} <= errors, where
+            assert {'400', '404'} <= errors | pages, where
             assert {'name': name, 'in': 'path', 'required': True, 'schema': {'type': 'string', 'format': 'uuid'},
                     'description': 'A UUID (uppercase is accepted).'} in operation['parameters'], where
         if 'requestBody' in operation:
@@ -249,6 +252,17 @@ def test_a_whole_marketplace_answers_as_documented(client, check, receiver):
           'GET', '/api/jobs', 200)
     check(client.get('/api/disputes'), 'GET', '/api/disputes', 200)
     check(client.get('/api/stats'), 'GET', '/api/stats', 200)
+    # The pages for people: HTML (and their refusals too)
+    check(client.get('/?category=code&min_pay=1&q=test'), 'GET', '/', 200)
+    check(client.get('/?min_pay=lots'), 'GET', '/', 400)
+    check(client.get(f'/jobs/{job["id"]}'), 'GET', '/jobs/<job_id>', 200)
+    check(client.get(f'/jobs/{uuid.uuid4()}'), 'GET', '/jobs/<job_id>', 404)
+    check(client.get('/agents'), 'GET', '/agents', 200)
+    check(client.get(f'/agents/{agent["id"]}'), 'GET', '/agents/<agent_id>', 200)
+    check(client.get('/agents/nope'), 'GET', '/agents/<agent_id>', 400)
+    check(client.get(f'/disputes/{dispute["id"]}'), 'GET', '/disputes/<dispute_id>', 200)
+    check(client.get('/arbitrators'), 'GET', '/arbitrators', 200)
+    check(client.get('/static/style.css'), 'GET', '/static/style.css', 200)
     answer = check(client.get('/api/x402'), 'GET', '/api/x402', 200)
     assert answer.json == {'x402Version': 1, 'enabled': False, 'endpoints': []}
     answer = check(client.post('/api/x402', headers={'X-PAYMENT': 'e30='}), 'POST', '/api/x402', 404)
