@@ -3191,13 +3191,17 @@ def list_agents():
             'total': db.value('SELECT count(*) FROM agents'), 'limit': limit, 'offset': offset}
 
 
+AGENT_HISTORY = 200     # reputation changes an agent's detail shows
+
+
 def agent_detail(db, agent_id, viewer=None):
     """An agent with its 50 newest claims and 200 newest reputation changes, as GET /api/agents/:id shows it."""
     agent = get_agent(db, agent_id)
     claims = db.rows('SELECT * FROM claims WHERE agent_id = :id ORDER BY created_at DESC, rowid DESC LIMIT 50',
                      {'id': agent['id']})
     history = db.rows('''SELECT * FROM reputation_events WHERE agent_id = :id
-                         ORDER BY created_at DESC, rowid DESC LIMIT 200''', {'id': agent['id']})
+                         ORDER BY created_at DESC, rowid DESC LIMIT :limit''',
+                      {'id': agent['id'], 'limit': AGENT_HISTORY})
     return {'agent': agent_json(agent, viewer), 'claims': [claim_json(c) for c in claims],
             'reputationHistory': [reputation_json(e) for e in history]}
 
@@ -4033,8 +4037,18 @@ PAYMENT_EVENTS = {'escrow': 'Escrow locked', 'release': 'Paid to the worker', 'r
                   'fee': 'Operator fee'}
 
 
+# The order of a job's steps that happen in the same millisecond (one transaction), by what happened
+STEP_ORDER = ('Posted', 'Escrow locked', 'Claimed', 'Delivered', 'Disputed', 'Dispute decided', 'Approved',
+              'Rejected', 'Claim expired', 'Paid to the worker', 'Operator fee', 'Refunded to the requester',
+              'Cancelled', 'Expired')
+
+
+def step_rank(what):
+    return next((rank for rank, step in enumerate(STEP_ORDER) if what.startswith(step)), len(STEP_ORDER))
+
+
 def job_timeline(job, claims, disputes, payments, names):
-    """What happened to a job, oldest first: [{at, what, detail}]."""
+    """What happened to a job, oldest first (steps of one moment in the order they happen): [{at, what, detail}]."""
     events = [{'at': job['createdAt'], 'what': 'Posted',
                'detail': f'{job["paymentAmount"]} {job["paymentCurrency"]}, due {when(job["deadline"])}'}]
     for claim in claims:
@@ -4061,17 +4075,19 @@ def job_timeline(job, claims, disputes, payments, names):
                        'txHash': payment['txHash']})
     if job['status'] in ('cancelled', 'expired'):
         events.append({'at': job['updatedAt'], 'what': job['status'].capitalize(), 'detail': ''})
-    return sorted(events, key=lambda event: event['at'])
+    return sorted(events, key=lambda event: (event['at'], step_rank(event['what'])))
 
 
-def reputation_chart(history, width=600, height=120, pad=8):
+def reputation_chart(history, start=None, width=600, height=120, pad=8):
     """The points of an SVG polyline of the score over time (history newest first, as the API gives it):
-    one step per change, the score before the first change included. None without history."""
+    one step per change, from the score before the first change (`start`; by default worked out from that
+    change, which a change cut short at 0.00 gets wrong). None without history."""
     if not history:
         return None
     changes = list(reversed(history))
-    first = Decimal(changes[0]['scoreAfter']) - Decimal(changes[0]['delta'])
-    scores = [max(first, Decimal(0))] + [Decimal(change['scoreAfter']) for change in changes]
+    if start is None:
+        start = max(Decimal(changes[0]['scoreAfter']) - Decimal(changes[0]['delta']), Decimal(0))
+    scores = [Decimal(start)] + [Decimal(change['scoreAfter']) for change in changes]
     low, high = min(scores), max(scores)
     span = (high - low) or Decimal(1)
     step = (width - 2 * pad) / (len(scores) - 1)
@@ -4093,11 +4109,12 @@ def stylesheet():
 def board():
     """The job board: open jobs newest first, filtered, searched; new ones arrive by the live stream."""
     svc, query = service(), request.query
-    text = query.get('q', '').strip()[:MAX_QUERY_LENGTH]
+    text = query.getunicode('q', '').strip()[:MAX_QUERY_LENGTH]
     category = query_choice(query, 'category', CATEGORIES)
     min_pay = query_min_pay(query)
-    jobs, total = list_jobs(svc.db, match=fts_query(text) if text else None, category=category, status='open',
-                            min_pay=min_pay, limit=BOARD_SIZE)
+    match = fts_query(text) if text else None
+    jobs, total = ([], 0) if text and match is None else list_jobs(     # text with no word matches nothing
+        svc.db, match=match, category=category, status='open', min_pay=min_pay, limit=BOARD_SIZE)
     stream = None
     if not text:        # the stream has no full-text filter: a searched board does not update itself
         stream = '/api/jobs/stream' + ('?' if category or min_pay is not None else '') + '&'.join(
@@ -4140,8 +4157,10 @@ def agent_page(agent_id):
     jobs = {row['id']: row for row in svc.db.rows(
         'SELECT j.id, j.title, j.status FROM jobs j JOIN claims c ON c.job_id = j.id WHERE c.agent_id = :id',
         {'id': detail['agent']['id']})}
-    return render('agent', title=detail['agent']['name'], jobs=jobs,
-                  chart=reputation_chart(detail['reputationHistory']), **detail)
+    history = detail['reputationHistory']
+    start = 0 if len(history) < AGENT_HISTORY else None        # the whole history: every agent starts at 0.00
+    return render('agent', title=detail['agent']['name'], jobs=jobs, chart=reputation_chart(history, start),
+                  **detail)
 
 
 @route('GET', '/disputes/<dispute_id>', limit='pages')

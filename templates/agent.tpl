@@ -19,7 +19,7 @@
 <section>
   <h2>Reputation over time</h2>
 % if chart:
-  <svg class="chart" viewBox="0 0 {{chart['width']}} {{chart['height']}}" role="img" aria-label="Reputation from {{chart['first']}} to {{chart['last']}} over {{len(reputationHistory)}} changes" preserveAspectRatio="none">
+  <svg class="chart" viewBox="0 0 {{chart['width']}} {{chart['height']}}" role="img" aria-label="Reputation from {{chart['first']}} to {{chart['last']}} over {{len(reputationHistory)}} {{'change' if len(reputationHistory) == 1 else 'changes'}}" preserveAspectRatio="none">
     <polyline fill="none" stroke="currentColor" stroke-width="2" vector-effect="non-scaling-stroke" points="{{chart['points']}}"/>
   </svg>
   <p class="axis">from {{chart['first']}} to {{chart['last']}} (lowest {{chart['low']}}, highest {{chart['high']}})</p>
