@@ -48,7 +48,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import ROUND_DOWN, Decimal, InvalidOperation
 from email.utils import format_datetime
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 from xml.etree.ElementTree import Element, SubElement, tostring
 
 import apsw
@@ -1773,8 +1773,9 @@ def approve_claim(db, settings, job, claim, *, auto=False, rule='approved', reas
     cents = job['amount_cents']
     if job['competition_mode'] == 'all-paid':
         cents //= job['max_workers']
+    verified = now_iso()        # the verdict comes before the payment it makes (the job's timeline shows that order)
     release = release_to_worker(db, settings, job, claim, agent, cents_to_units(cents, job['currency']))[0]
-    set_claim_status(db, claim['id'], 'approved', verified_at=now_iso(), auto_approved=int(auto),
+    set_claim_status(db, claim['id'], 'approved', verified_at=verified, auto_approved=int(auto),
                      verification_reason=reason)
     adjust_reputation(db, agent['id'], *REPUTATION[rule], job['id'], claim['id'])
     if job['competition_mode'] != 'all-paid' or paid_claims(db, job['id']) >= job['max_workers']:
@@ -2008,13 +2009,14 @@ def decide_dispute(db, settings, dispute, outcome, resolution, resolved_by):
     """Settle an open dispute inside the caller's transaction: pay the worker or refund the requester."""
     job = get_job(db, dispute['job_id'])
     claim = get_claim(db, dispute['job_id'], dispute['claim_id'])
+    decided = now_iso()         # before the verdict and the money it moves (the job's timeline shows that order)
     if outcome == 'worker':
         approve_claim(db, settings, job, claim, rule='dispute_won')
     else:
         reject_claim(db, settings, job, claim, rule='dispute_lost', unpaid_status='refunded')
     db.execute('''UPDATE disputes SET status = 'resolved', outcome = :outcome, resolution = :resolution,
                   resolved_by = :by, resolved_at = :now WHERE id = :id''',
-               {'outcome': outcome, 'resolution': resolution, 'by': resolved_by, 'now': now_iso(),
+               {'outcome': outcome, 'resolution': resolution, 'by': resolved_by, 'now': decided,
                 'id': dispute['id']})
 
 
@@ -4112,14 +4114,15 @@ def board():
     text = query.getunicode('q', '').strip()[:MAX_QUERY_LENGTH]
     category = query_choice(query, 'category', CATEGORIES)
     min_pay = query_min_pay(query)
+    listed = now() - timedelta(milliseconds=1)      # the stream replays what is posted from here on
     match = fts_query(text) if text else None
     jobs, total = ([], 0) if text and match is None else list_jobs(     # text with no word matches nothing
         svc.db, match=match, category=category, status='open', min_pay=min_pay, limit=BOARD_SIZE)
     stream = None
     if not text:        # the stream has no full-text filter: a searched board does not update itself
-        stream = '/api/jobs/stream' + ('?' if category or min_pay is not None else '') + '&'.join(
-            ([f'categories={category}'] if category else []) +
-            ([f'min_pay={format_cents(min_pay)}'] if min_pay is not None else []))
+        filters = {'categories': category, 'min_pay': min_pay is not None and format_cents(min_pay)}
+        stream = '/api/jobs/stream?' + urlencode(
+            {name: value for name, value in filters.items() if value} | {'since': iso(listed)})
     return render('board', title='Open jobs', jobs=[job_json(job, svc.settings.base_url) for job in jobs],
                   total=total, q=text, category=category or '', min_pay=query.get('min_pay', '').strip()[:20],
                   categories=CATEGORIES, stream=stream)

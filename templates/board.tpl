@@ -11,7 +11,7 @@
   <label>Minimum pay <input type="number" name="min_pay" min="0" step="0.01" value="{{min_pay}}"></label>
   <button type="submit">Show</button>
 </form>
-<p class="count"><span id="total">{{total}}</span> open {{'job' if total == 1 else 'jobs'}}{{' matching "' + q + '"' if q else ''}}{{', showing the newest ' + str(len(jobs)) if total > len(jobs) else ''}}.</p>
+<p class="count"><span id="total">{{total}}</span> open <span id="noun">{{'job' if total == 1 else 'jobs'}}</span>{{' matching "' + q + '"' if q else ''}}{{', showing the newest ' + str(len(jobs)) if total > len(jobs) else ''}}.</p>
 <ol id="jobs" class="jobs"{{!' data-stream="' + stream + '"' if stream else ''}}>
 % for job in jobs:
 % include('job_row.tpl', job=job)
@@ -56,8 +56,9 @@
     list.insertBefore(item, list.firstChild);
     var empty = document.getElementById('empty');
     if (empty) empty.parentNode.removeChild(empty);
-    var total = document.getElementById('total');
-    total.textContent = String(Number(total.textContent) + 1);
+    var total = document.getElementById('total'), count = Number(total.textContent) + 1;
+    total.textContent = String(count);
+    document.getElementById('noun').textContent = count === 1 ? 'job' : 'jobs';
   });
 })();
 </script>
