@@ -47,7 +47,7 @@ SCRIPT_TITLE = 'Audit <script>window.__pwned = 1</script> this'
 IMG_DESCRIPTION = 'Look: <img src="/nowhere.png" onerror="window.__pwned = 2; alert(\'img\')"> and tell me.'
 
 # Before any page script: remember each stream's `connected` event, the server's first event, sent once it has
-# subscribed the connection (jobs posted before that are not the stream's to deliver).
+# subscribed the connection (the board's stream also replays what was posted since the board was listed).
 WATCH_STREAMS = '''
 window.__streamEvents = [];
 (function () {
