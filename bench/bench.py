@@ -1,0 +1,248 @@
+"""`make bench`: the real server on a temporary database of 20,000 jobs (--jobs N), driven by wrk on
+127.0.0.1 one endpoint after another, against a ceiling measured in the same run: a bare Bottle app on
+gevent's server (bench/ceiling.py), with and without TCP_NODELAY. Then 2,000 idle /api/jobs/stream
+connections, and GET /api/health measured again while they are open.
+
+Every figure that depends on the machine is also given as a ratio to the ceiling. The table goes to the
+terminal and, as JSON, to artifacts/bench.json (--out). Needs wrk (Debian: apt-get install wrk).
+"""
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import marketplace as mp  # noqa: E402
+
+ADMIN_KEY = 'bench-admin-key-' + 'k' * 32
+WORDS = ('parser invoice dashboard migration latency cache scraper translate summary benchmark pipeline '
+         'schema refactor telemetry webhook tokenizer dataset report audit deploy').split()
+LANGUAGES = ('python', 'rust', 'go', 'typescript', 'english', 'german')
+TARGETS = {   # measure: (kind, threshold) — ratio to the ceiling at least, or a limit not to reach
+    'GET /api/health': ('ratio', 0.80),
+    'GET /api/jobs/:id': ('ratio', 0.60),
+    'GET /api/jobs?limit=50': ('ratio', 0.30),
+    'GET /api/jobs?category=data&sort=pay_desc': ('ratio', 0.30),
+    'GET /api/jobs/search?q=parser': ('ratio', 0.30),
+    'POST /api/jobs': ('ratio', 0.20),
+    'one kept-alive client: GET /api/health p50': ('below_ms', 3.0),
+    '2,000 idle streams: memory added': ('below_mb', 150.0),
+    '2,000 idle streams: GET /api/health p50': ('below_ms', 10.0),
+}
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(port, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(('127.0.0.1', port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f'nothing listens on port {port} after {timeout} s')
+
+
+def memory_kib(pid, field):
+    """VmRSS (now) or VmHWM (peak) of a process, in KiB."""
+    for line in Path(f'/proc/{pid}/status').read_text().splitlines():
+        if line.startswith(field + ':'):
+            return int(line.split()[1])
+    raise RuntimeError(f'no {field} for process {pid}')
+
+
+def load_jobs(db_path, count, seed=7):
+    """`count` open jobs, posted as POST /api/jobs would (create_job), in one transaction."""
+    settings = mp.Settings(db=str(db_path), admin_key=ADMIN_KEY)
+    svc = mp.Service(settings)
+    account = svc.db.row("SELECT id, name, role FROM accounts WHERE role = 'admin'")
+    rng = random.Random(seed)
+    deadline = mp.iso(mp.now() + timedelta(days=30))
+    started = time.monotonic()
+    with svc.db.transaction():
+        for n in range(count):
+            words = rng.sample(WORDS, 3)
+            fields = mp.read_job_body({
+                'title': f'{words[0].capitalize()} {words[1]} job {n}',
+                'description': f'Work on the {words[2]} and the {words[0]} for customer {n}. ' * 3,
+                'category': rng.choice(mp.CATEGORIES), 'paymentAmount': f'{rng.randint(5, 500)}.{rng.randint(0, 99):02d}',
+                'paymentCurrency': rng.choice(('USDC', 'USD')), 'deadline': deadline,
+                'requirements': {'language': rng.choice(LANGUAGES)}}, account)
+            mp.create_job(svc.db, settings, fields)
+    job_id = svc.db.value('SELECT id FROM jobs ORDER BY seq LIMIT 1 OFFSET :n', {'n': count // 2})
+    svc.close()
+    return job_id, time.monotonic() - started
+
+
+def wrk(url, *, connections, duration, threads=1, env=None):
+    """One wrk run: {requests, rps, p50_ms, p99_ms, errors}."""
+    command = ['wrk', f'-t{threads}', f'-c{connections}', f'-d{duration}s', '--latency',
+               '-s', str(ROOT / 'bench' / 'report.lua'), url]
+    done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, **(env or {})),
+                          timeout=duration + 60)
+    line = next((line for line in done.stdout.splitlines() if line.startswith('BENCH ')), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f'wrk failed on {url}: {done.stdout}\n{done.stderr}')
+    result = json.loads(line[len('BENCH '):])
+    errors = sum(result[name] for name in ('connect_errors', 'read_errors', 'write_errors', 'status_errors',
+                                           'timeouts'))
+    return {'requests': result['requests'], 'rps': round(result['requests'] / (result['duration_us'] / 1e6), 1),
+            'p50_ms': round(result['p50_us'] / 1000, 3), 'p99_ms': round(result['p99_us'] / 1000, 3),
+            'errors': errors}
+
+
+class Process:
+    """A server process on a free port, stopped on exit."""
+
+    def __init__(self, command, port, env=None):
+        self.port = port
+        self.process = subprocess.Popen(command, cwd=ROOT, env=dict(os.environ, **(env or {})),
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(port)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.process.terminate()
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def open_streams(port, count):
+    """`count` idle GET /api/jobs/stream connections, each past its `connected` event."""
+    sockets = []
+    for _ in range(count):
+        sock = socket.create_connection(('127.0.0.1', port), timeout=30)
+        sock.sendall(b'GET /api/jobs/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n')
+        sockets.append(sock)
+    for sock in sockets:
+        seen = b''
+        while b'event: connected' not in seen:
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise RuntimeError('a stream closed before its connected event')
+            seen += chunk
+    return sockets
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--jobs', type=int, default=20_000, help='jobs in the database (default 20000)')
+    parser.add_argument('--duration', type=int, default=5, help='seconds per measure (default 5)')
+    parser.add_argument('--connections', type=int, default=50, help='wrk connections (default 50)')
+    parser.add_argument('--streams', type=int, default=2_000, help='idle streams to hold open (default 2000)')
+    parser.add_argument('--out', default=str(ROOT / 'artifacts' / 'bench.json'), help='the JSON results file')
+    args = parser.parse_args(argv)
+    if shutil.which('wrk') is None:
+        print('make bench needs wrk: install it with `sudo apt-get install wrk` (Debian/Ubuntu).', file=sys.stderr)
+        return 2
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 2 * args.streams + 200
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        print(f'make bench needs {needed} open files; the hard limit is {hard} (ulimit -Hn).', file=sys.stderr)
+        return 2
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, needed), hard))   # the server inherits it
+
+    rows, results = [], {}
+    python = sys.executable
+
+    def measure(name, url, connections=args.connections, env=None):
+        result = wrk(url, connections=connections, duration=args.duration, env=env)
+        results[name] = result
+        print(f'  {name}: {result["rps"]:,.0f} requests/s, p50 {result["p50_ms"]} ms, p99 {result["p99_ms"]} ms'
+              + (f', {result["errors"]} ERRORS' if result['errors'] else ''), flush=True)
+        return result
+
+    print(f'make bench on {platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}', flush=True)
+    for nodelay in ('nodelay', 'delay'):
+        port = free_port()
+        with Process([python, 'bench/ceiling.py', str(port), nodelay], port):
+            label = 'ceiling' if nodelay == 'nodelay' else 'ceiling without TCP_NODELAY'
+            measure(label, f'http://127.0.0.1:{port}/')
+            measure(f'{label}, one kept-alive client p50', f'http://127.0.0.1:{port}/', connections=1)
+
+    with tempfile.TemporaryDirectory(prefix='bench-') as tmp:
+        db = Path(tmp) / 'bench.db'
+        job_id, seconds = load_jobs(db, args.jobs)
+        print(f'  loaded {args.jobs:,} jobs in {seconds:.1f} s', flush=True)
+        port = free_port()
+        base = f'http://127.0.0.1:{port}'
+        server = [python, 'marketplace.py', 'serve', '--db', str(db), '--port', str(port), '--rate-limits', 'off',
+                  '--sweep-interval', '3600']
+        with Process(server, port, env={'MARKETPLACE_ADMIN_KEY': ADMIN_KEY}) as running:
+            pid = running.process.pid
+            measure('GET /api/health', f'{base}/api/health')
+            measure('GET /api/jobs/:id', f'{base}/api/jobs/{job_id}')
+            measure('GET /api/jobs?limit=50', f'{base}/api/jobs?limit=50')
+            measure('GET /api/jobs?category=data&sort=pay_desc', f'{base}/api/jobs?category=data&sort=pay_desc')
+            measure('GET /api/jobs/search?q=parser', f'{base}/api/jobs/search?q=parser')
+            body = json.dumps({'title': 'Benchmark job', 'description': 'Posted by make bench.', 'category': 'code',
+                               'paymentAmount': '25.00', 'deadline': mp.iso(mp.now() + timedelta(days=7))})
+            measure('POST /api/jobs', f'{base}/api/jobs',
+                    env={'BENCH_METHOD': 'POST', 'BENCH_BODY': body, 'BENCH_KEY': ADMIN_KEY})
+            measure('one kept-alive client: GET /api/health p50', f'{base}/api/health', connections=1)
+            peak = memory_kib(pid, 'VmHWM')
+            before = memory_kib(pid, 'VmRSS')
+            streams = open_streams(port, args.streams)
+            time.sleep(1)
+            added = memory_kib(pid, 'VmRSS') - before
+            measure(f'{args.streams:,} idle streams: GET /api/health p50', f'{base}/api/health', connections=1)
+            for sock in streams:
+                sock.close()
+    results[f'{args.streams:,} idle streams: memory added'] = {'mb': round(added / 1024, 1)}
+    results['server peak memory'] = {'mb': round(peak / 1024, 1)}
+
+    ceiling = results['ceiling']['rps']
+    print(f'\n| measure | requests/s | p50 ms | p99 ms | ratio to the ceiling | target | met |')
+    print('|---|---|---|---|---|---|---|')
+    verdicts = {}
+    for name, result in results.items():
+        kind, threshold = TARGETS.get(name.replace(f'{args.streams:,}', '2,000'), (None, None))
+        ratio = round(result['rps'] / ceiling, 2) if 'rps' in result else None
+        value = {'ratio': ratio, 'below_ms': result.get('p50_ms'), 'below_mb': result.get('mb')}.get(kind)
+        met = None if kind is None else (value >= threshold if kind == 'ratio' else value < threshold)
+        target = {} if kind is None else {'ratio': f'≥ {threshold:.2f}', 'below_ms': f'< {threshold:g} ms',
+                                          'below_mb': f'< {threshold:g} MB'}
+        if 'rps' in result:
+            cells = [f'{result["rps"]:,.0f}', f'{result["p50_ms"]:.2f}', f'{result["p99_ms"]:.2f}', f'{ratio:.2f}']
+        else:
+            cells = ['', '', '', f'{result["mb"]} MB']
+        print(f'| {name} | ' + ' | '.join(cells) + f' | {target.get(kind, "")} | '
+              + ('' if met is None else 'yes' if met else 'NO') + ' |')
+        result.update(ratio=ratio, target=target.get(kind), met=met)
+        verdicts[name] = met
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({'machine': {'host': platform.node(), 'cores': os.cpu_count(),
+                                           'python': platform.python_version(), 'platform': platform.platform()},
+                               'jobs': args.jobs, 'duration': args.duration, 'connections': args.connections,
+                               'results': results}, indent=2) + '\n')
+    missed = [name for name, met in verdicts.items() if met is False]
+    print(f'\nwritten to {out}' + (f'; targets missed: {", ".join(missed)}' if missed else '; every target met'))
+    errors = sum(result.get('errors', 0) for result in results.values())
+    return 1 if errors else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,17 @@
+-- wrk script of `make bench`: an optional POST body from the environment, and the result as one JSON line.
+local method = os.getenv("BENCH_METHOD")
+if method then
+  wrk.method = method
+  wrk.body = os.getenv("BENCH_BODY")
+  wrk.headers["Content-Type"] = "application/json"
+  wrk.headers["Authorization"] = "Bearer " .. os.getenv("BENCH_KEY")
+end
+
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    '\nBENCH {"requests": %d, "duration_us": %d, "connect_errors": %d, "read_errors": %d, "write_errors": %d, '
+    .. '"status_errors": %d, "timeouts": %d, "p50_us": %d, "p99_us": %d, "mean_us": %.1f}\n',
+    summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
+    latency:percentile(50), latency:percentile(99), latency.mean))
+end
