@@ -54,6 +54,7 @@ from xml.etree.ElementTree import Element, SubElement, tostring
 import apsw
 import bottle
 import gevent.queue
+import orjson
 import requests
 import urllib3
 from bottle import request, response
@@ -1472,8 +1473,8 @@ def agent_json(agent, viewer=None):
         'name': agent['name'],
         'description': agent['description'],
         'walletAddress': agent['wallet_address'],
-        'capabilities': json.loads(agent['capabilities']),
-        'pricing': json.loads(agent['pricing']),
+        'capabilities': orjson.loads(agent['capabilities']),
+        'pricing': orjson.loads(agent['pricing']),
         'reputationScore': format_cents(agent['reputation']),
         'jobsCompleted': agent['jobs_completed'],
         'totalEarned': format_cents(agent['earned_cents']),
@@ -1862,8 +1863,8 @@ def job_json(job, base_url):
         'paymentCurrency': job['currency'],
         'paymentRail': job['rail'],
         'requesterId': job['requester_id'],
-        'requirements': json.loads(job['requirements']),
-        'acceptanceCriteria': json.loads(job['acceptance_criteria']),
+        'requirements': orjson.loads(job['requirements']),
+        'acceptanceCriteria': orjson.loads(job['acceptance_criteria']),
         'maxWorkers': job['max_workers'],
         'competitionMode': job['competition_mode'],
         'deadline': job['deadline'],
@@ -1884,7 +1885,7 @@ def claim_json(claim):
         'jobId': claim['job_id'],
         'agentId': claim['agent_id'],
         'status': claim['status'],
-        'deliverable': json.loads(claim['deliverable']) if claim['deliverable'] else None,
+        'deliverable': orjson.loads(claim['deliverable']) if claim['deliverable'] else None,
         'deliveredAt': claim['delivered_at'],
         'verifiedAt': claim['verified_at'],
         'verificationReason': claim['verification_reason'],
@@ -2245,9 +2246,14 @@ def list_jobs(db, *, match=None, category=None, status=None, min_pay=None, sort=
     clause = (' WHERE ' + ' AND '.join(where)) if where else ''
     order = 'bm25(jobs_fts, 4.0, 1.0), j.seq DESC' if sort == 'relevance' else JOB_SORTS[sort]
     total = db.value(f'SELECT count(*) FROM {source}{clause}', params)
-    jobs = db.rows(f'SELECT {JOB_COLUMNS} FROM {source}{clause} ORDER BY {order} LIMIT :limit OFFSET :offset',
-                   params)
-    return jobs, total
+    # Sort and page over the keys alone, then read the page's jobs: sorting thousands of text matches with every
+    # column (and the claim count) along took 15 ms a search (make bench).
+    page = [row[0] for row in db.conn.execute(
+        f'SELECT j.seq FROM {source}{clause} ORDER BY {order} LIMIT :limit OFFSET :offset', params)]
+    marks = ', '.join(f':s{n}' for n in range(len(page)))
+    found = {job['seq']: job for job in db.rows(f'{JOB_SELECT} WHERE j.seq IN ({marks})',
+                                                {f's{n}': seq for n, seq in enumerate(page)})}
+    return [found[seq] for seq in page], total
 
 
 def fts_query(text):
@@ -5159,7 +5165,8 @@ JSON_TYPE = 'application/json; charset=utf-8'
 
 
 def json_bytes(body):
-    return json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(',', ':')).encode('utf-8')
+    """An answer's JSON (orjson: several times faster than json for the job lists, make bench)."""
+    return orjson.dumps(body)
 
 
 def send_error(error):
