@@ -1852,31 +1852,44 @@ def cancel_job(db, settings, job_id, account):
     return get_job(db, job_id)
 
 
+def money_sql(column):
+    """SQL of format_cents: integer hundredths as a decimal string with two places."""
+    return (f"printf('%s%d.%02d', CASE WHEN {column} < 0 THEN '-' ELSE '' END, abs({column}) / 100, "
+            f"abs({column}) % 100)")
+
+
+# A job as the API shows it, field by field: its name, the SQL that renders it from a row of JOB_SELECT (job
+# lists are rendered to JSON by SQLite itself: building 50 dicts and encoding them took most of a list's time,
+# make bench), and the same in Python (job_json). tests/test_jobs.py checks that the two always agree.
+JOB_FIELDS = (
+    ('id', 'j.id', lambda job, base: job['id']),
+    ('status', 'j.status', lambda job, base: job['status']),
+    ('title', 'j.title', lambda job, base: job['title']),
+    ('description', 'j.description', lambda job, base: job['description']),
+    ('category', 'j.category', lambda job, base: job['category']),
+    ('paymentAmount', money_sql('j.amount_cents'), lambda job, base: format_cents(job['amount_cents'])),
+    ('paymentCurrency', 'j.currency', lambda job, base: job['currency']),
+    ('paymentRail', 'j.rail', lambda job, base: job['rail']),
+    ('requesterId', 'j.requester_id', lambda job, base: job['requester_id']),
+    ('requirements', 'json(j.requirements)', lambda job, base: orjson.loads(job['requirements'])),
+    ('acceptanceCriteria', 'json(j.acceptance_criteria)', lambda job, base: orjson.loads(job['acceptance_criteria'])),
+    ('maxWorkers', 'j.max_workers', lambda job, base: job['max_workers']),
+    ('competitionMode', 'j.competition_mode', lambda job, base: job['competition_mode']),
+    ('deadline', 'j.deadline', lambda job, base: job['deadline']),
+    ('verificationWindowHours', 'j.verification_window_hours', lambda job, base: job['verification_window_hours']),
+    ('minReputation', money_sql('j.min_reputation'), lambda job, base: format_cents(job['min_reputation'])),
+    ('escrowStatus', 'j.escrow_status', lambda job, base: job['escrow_status']),
+    ('escrowTxHash', 'j.escrow_tx_hash', lambda job, base: job['escrow_tx_hash']),
+    ('claimCount', 'j.claim_count', lambda job, base: job['claim_count']),
+    ('createdAt', 'j.created_at', lambda job, base: job['created_at']),
+    ('updatedAt', 'j.updated_at', lambda job, base: job['updated_at']),
+    ('url', "(:base || '/jobs/' || j.id)", lambda job, base: f'{base}/jobs/{job["id"]}'),
+)
+JOB_JSON_SQL = 'json_object(' + ', '.join(f"'{name}', {sql}" for name, sql, _ in JOB_FIELDS) + ')'
+
+
 def job_json(job, base_url):
-    return {
-        'id': job['id'],
-        'status': job['status'],
-        'title': job['title'],
-        'description': job['description'],
-        'category': job['category'],
-        'paymentAmount': format_cents(job['amount_cents']),
-        'paymentCurrency': job['currency'],
-        'paymentRail': job['rail'],
-        'requesterId': job['requester_id'],
-        'requirements': orjson.loads(job['requirements']),
-        'acceptanceCriteria': orjson.loads(job['acceptance_criteria']),
-        'maxWorkers': job['max_workers'],
-        'competitionMode': job['competition_mode'],
-        'deadline': job['deadline'],
-        'verificationWindowHours': job['verification_window_hours'],
-        'minReputation': format_cents(job['min_reputation']),
-        'escrowStatus': job['escrow_status'],
-        'escrowTxHash': job['escrow_tx_hash'],
-        'claimCount': job['claim_count'],
-        'createdAt': job['created_at'],
-        'updatedAt': job['updated_at'],
-        'url': f'{base_url}/jobs/{job["id"]}',
-    }
+    return {name: render(job, base_url) for name, _, render in JOB_FIELDS}
 
 
 def claim_json(claim):
@@ -2227,8 +2240,10 @@ def run_sweeps(db, settings):
 # Search and matching #########################################################
 ###############################################################################
 
-def list_jobs(db, *, match=None, category=None, status=None, min_pay=None, sort='newest', limit=50, offset=0):
-    """A page of jobs and the total that match the filters; `match` is an FTS5 query (see fts_query)."""
+def find_jobs(db, *, match=None, category=None, status=None, min_pay=None, sort='newest', limit=50, offset=0):
+    """The seqs of a page of the jobs that match the filters, in order, and their total; `match` is an FTS5
+    query (see fts_query). Sorting and paging run over the keys alone: sorting thousands of text matches with
+    every column (and the claim count) along took 15 ms a search (make bench)."""
     source, where, params = 'jobs j', [], {'limit': limit, 'offset': offset}
     if match is not None:
         source = 'jobs_fts JOIN jobs j ON j.seq = jobs_fts.rowid'
@@ -2246,14 +2261,33 @@ def list_jobs(db, *, match=None, category=None, status=None, min_pay=None, sort=
     clause = (' WHERE ' + ' AND '.join(where)) if where else ''
     order = 'bm25(jobs_fts, 4.0, 1.0), j.seq DESC' if sort == 'relevance' else JOB_SORTS[sort]
     total = db.value(f'SELECT count(*) FROM {source}{clause}', params)
-    # Sort and page over the keys alone, then read the page's jobs: sorting thousands of text matches with every
-    # column (and the claim count) along took 15 ms a search (make bench).
     page = [row[0] for row in db.conn.execute(
         f'SELECT j.seq FROM {source}{clause} ORDER BY {order} LIMIT :limit OFFSET :offset', params)]
-    marks = ', '.join(f':s{n}' for n in range(len(page)))
-    found = {job['seq']: job for job in db.rows(f'{JOB_SELECT} WHERE j.seq IN ({marks})',
-                                                {f's{n}': seq for n, seq in enumerate(page)})}
-    return [found[seq] for seq in page], total
+    return page, total
+
+
+def jobs_in_order(db, seqs, base_url=None):
+    """The jobs with these seqs, in that order: rows, or with `base_url` their JSON texts (JOB_JSON_SQL)."""
+    params = {f's{n}': seq for n, seq in enumerate(seqs)}
+    marks = ', '.join(f':{name}' for name in params)
+    if base_url is None:
+        found = {job['seq']: job for job in db.rows(f'{JOB_SELECT} WHERE j.seq IN ({marks})', params)}
+    else:
+        found = dict(db.conn.execute(f'SELECT j.seq, {JOB_JSON_SQL} FROM ({JOB_SELECT} WHERE j.seq IN ({marks})) j',
+                                     dict(params, base=base_url)))
+    return [found[seq] for seq in seqs]
+
+
+def list_jobs(db, **filters):
+    """A page of jobs (rows) and the total that match the filters (find_jobs)."""
+    seqs, total = find_jobs(db, **filters)
+    return jobs_in_order(db, seqs), total
+
+
+def json_page(name, texts, **rest):
+    """A JSON answer {name: [texts...], **rest} whose list items are JSON texts already."""
+    response.content_type = JSON_TYPE
+    return b''.join((b'{"', name.encode(), b'":[', ','.join(texts).encode(), b'],', orjson.dumps(rest)[1:]))
 
 
 def fts_query(text):
@@ -3588,12 +3622,13 @@ def show_service_card():
 def get_jobs():
     query = request.query
     limit, offset = page_params(query)
-    jobs, total = list_jobs(
-        service().db, category=query_choice(query, 'category', CATEGORIES),
+    svc = service()
+    seqs, total = find_jobs(
+        svc.db, category=query_choice(query, 'category', CATEGORIES),
         status=query_choice(query, 'status', JOB_STATUSES), min_pay=query_min_pay(query),
         sort=query_choice(query, 'sort', tuple(JOB_SORTS), 'newest'), limit=limit, offset=offset)
-    base = service().settings.base_url
-    return {'jobs': [job_json(job, base) for job in jobs], 'total': total, 'limit': limit, 'offset': offset}
+    return json_page('jobs', jobs_in_order(svc.db, seqs, svc.settings.base_url), total=total, limit=limit,
+                     offset=offset)
 
 
 _TX_HASH = re.compile(r'^0x[0-9a-fA-F]{64}$')
@@ -3760,15 +3795,14 @@ def search_jobs():
         sort = 'newest'              # nothing to rank by without a query
     svc = service()
     if (text or '').strip() and match is None:
-        jobs, total = [], 0          # text with no word in it (only punctuation or emoji) matches nothing
+        seqs, total = [], 0          # text with no word in it (only punctuation or emoji) matches nothing
     else:
-        jobs, total = list_jobs(svc.db, match=match, category=category, status=status, min_pay=min_pay,
+        seqs, total = find_jobs(svc.db, match=match, category=category, status=status, min_pay=min_pay,
                                 sort=sort, limit=limit, offset=offset)
-    return {'results': [job_json(job, svc.settings.base_url) for job in jobs], 'total': total,
-            'limit': limit, 'offset': offset, 'query': text,
-            'filters': {'category': category, 'status': status,
-                        'min_pay': None if min_pay is None else format_cents(min_pay)},
-            'sort': sort}
+    return json_page('results', jobs_in_order(svc.db, seqs, svc.settings.base_url), total=total, limit=limit,
+                     offset=offset, query=text, filters={'category': category, 'status': status,
+                                                         'min_pay': None if min_pay is None else format_cents(min_pay)},
+                     sort=sort)
 
 
 @route('GET', '/api/jobs/match')

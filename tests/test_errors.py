@@ -171,7 +171,7 @@ def test_a_500_is_json_without_a_traceback(app):
 def test_a_500_inside_an_api_handler_is_json(app, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError('secret internals')
-    monkeypatch.setattr(mp, 'list_jobs', broken)
+    monkeypatch.setattr(mp, 'find_jobs', broken)
     status, headers, body = call(app, 'GET', '/api/jobs')
     assert_error((status, headers, body), 500, 'internal_error', 'GET /api/jobs')
     assert 'secret internals' not in repr(body)

@@ -4,6 +4,7 @@ CONTRACT.md sections 1 (conventions), 2 (permissions), 3 (jobs), 7 (payments) an
 Every error answer is checked for its status, its `code`, and the `error`/`code`/`status` body.
 """
 
+import json
 import re
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
@@ -1200,3 +1201,29 @@ def test_the_requesters_reason_is_kept_on_the_claim(market, client):
     assert market.get_job(job)['claims'][0]['verificationReason'] == 'Misses half the releases.'
     approved_job, approved = market.delivered_job()
     assert market.verify(approved_job, approved, True).json['claim']['verificationReason'] is None
+
+
+def test_job_lists_rendered_by_sqlite_equal_job_json(client, market, app):
+    """Job lists are rendered to JSON by SQLite (JOB_JSON_SQL) and single jobs by job_json: the same fields
+    and values, for every kind of job — odd text, nested requirements, both currencies, claims, each status."""
+    odd = 'Ünïcode "quotes" \\ back\\slash <tag> & 🎉\ttab\nnewline \u2028 \x7f'
+    market.job(title=odd, description=odd, requirements={'language': 'python', 'nested': {'list': [1, 2.5, None,
+                                                                                                     True, odd]}},
+               acceptanceCriteria=[{'type': 'test', 'check': odd}], minReputation='12.34')
+    market.job(paymentCurrency='USD', paymentAmount='0.01', maxWorkers=3, competitionMode='all-paid')
+    claimed = market.job(paymentAmount='999999.99')
+    market.claim(claimed)
+    done, claim = market.delivered_job()
+    market.verify(done, claim, True)
+    cancelled = market.job()
+    assert client.post(f'/api/jobs/{cancelled["id"]}/cancel', {}, key=market.requester_key).status == 200
+    db, base = app.service.db, 'http://market.test'
+    seqs, total = mp.find_jobs(db, limit=200)
+    assert total == 5
+    rendered = [json.loads(text) for text in mp.jobs_in_order(db, seqs, base)]
+    expected = [mp.job_json(row, base) for row in mp.jobs_in_order(db, seqs)]
+    assert rendered == expected
+    assert [list(job) for job in rendered] == [list(job) for job in expected]      # the same order of fields
+    assert {job['status'] for job in rendered} == {'open', 'claimed', 'completed', 'cancelled'}
+    assert rendered[-1]['title'] == odd and rendered[-1]['minReputation'] == '12.34'
+    assert client.get('/api/jobs?limit=200').json['jobs'] == expected
