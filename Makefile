@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 DB     ?= marketplace.db
 
 .DEFAULT_GOAL := help
-.PHONY: help run serve seed test contracts clean
+.PHONY: help run serve seed test bench contracts clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -31,6 +31,10 @@ seed: $(VENV)/stamp  ## load the demo fixtures into a new database (DB=marketpla
 
 test: $(VENV)/stamp node_modules/.stamp  ## run the whole test suite
 	$(PY) -m pytest -q
+
+bench: $(VENV)/stamp  ## measure the server with wrk against a bare ceiling (BENCH_ARGS="--jobs 100000")
+	@command -v wrk >/dev/null || { echo "make bench needs wrk: sudo apt-get install wrk"; exit 2; }
+	$(PY) bench/bench.py $(BENCH_ARGS)
 
 contracts: node_modules/.stamp  ## rebuild fixtures/TestUSDC.json from fixtures/TestUSDC.sol
 	node fixtures/compile.js

@@ -176,7 +176,10 @@ def main(argv=None):
     python = sys.executable
 
     def measure(name, url, connections=args.connections, env=None):
-        result = wrk(url, connections=connections, duration=args.duration, env=env)
+        # The better of two runs, for the ceiling and the service alike: this machine's other work moves a
+        # single run by several percent.
+        result = max((wrk(url, connections=connections, duration=args.duration, env=env) for _ in range(2)),
+                     key=lambda run: run['rps'])
         results[name] = result
         print(f'  {name}: {result["rps"]:,.0f} requests/s, p50 {result["p50_ms"]} ms, p99 {result["p99_ms"]} ms'
               + (f', {result["errors"]} ERRORS' if result['errors'] else ''), flush=True)
