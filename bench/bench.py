@@ -3,8 +3,9 @@
 gevent's server (bench/ceiling.py), with and without TCP_NODELAY. Then 2,000 idle /api/jobs/stream
 connections, and GET /api/health measured again while they are open.
 
-Every figure that depends on the machine is also given as a ratio to the ceiling. The table goes to the
-terminal and, as JSON, to artifacts/bench.json (--out). Needs wrk (Debian: apt-get install wrk).
+Every figure that depends on the machine is also given as a ratio to the ceiling, measured in pairs run
+back to back (the ceiling, then the endpoint; the median of --rounds pairs). The table goes to the terminal
+and, as JSON, to artifacts/bench.json (--out). Needs wrk (Debian: apt-get install wrk).
 """
 
 import argparse
