@@ -4133,7 +4133,8 @@ def reputation_chart(history, start=None, width=600, height=120, pad=8):
     low, high = min(scores), max(scores)
     span = (high - low) or Decimal(1)
     step = (width - 2 * pad) / (len(scores) - 1)
-    points = [(pad + i * step, pad + float((high - score) / span) * (height - 2 * pad)) for i, score in enumerate(scores)]
+    points = [(pad + i * step, pad + float((high - score) / span) * (height - 2 * pad))
+              for i, score in enumerate(scores)]
     return {'points': ' '.join(f'{x:.1f},{y:.1f}' for x, y in points), 'width': width, 'height': height,
             'low': format(low, '.2f'), 'high': format(high, '.2f'), 'first': format(scores[0], '.2f'),
             'last': format(scores[-1], '.2f')}

@@ -91,7 +91,8 @@ def load_jobs(db_path, count, seed=7):
             fields = mp.read_job_body({
                 'title': f'{words[0].capitalize()} the {topic} for customer {n}',
                 'description': f'Work on the {words[1]} and the {words[2]} of our {topic}. ' * 3,
-                'category': rng.choice(mp.CATEGORIES), 'paymentAmount': f'{rng.randint(5, 500)}.{rng.randint(0, 99):02d}',
+                'category': rng.choice(mp.CATEGORIES),
+                'paymentAmount': f'{rng.randint(5, 500)}.{rng.randint(0, 99):02d}',
                 'paymentCurrency': rng.choice(('USDC', 'USD')), 'deadline': deadline,
                 'requirements': {'language': rng.choice(LANGUAGES)}}, account)
             mp.create_job(svc.db, settings, fields)
