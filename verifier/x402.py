@@ -3,9 +3,12 @@
 Pure but for eth-account (EIP-712 signer recovery, the signed settlement transaction): no web3. What is on
 chain is asked of a verifier.chain.Chain handed in. `evaluate_payment` runs every check of a payment and
 records each result (POST /api/x402 shows them; a priced call refuses with the first failure).
-`payment` is the decoded X-PAYMENT object: {x402Version: 1, scheme: 'exact', network, payload}, with `payload` either a proof of a transfer already made (form 1: {txHash, from, amount, to, chainId, tokenAddress,
-timestamp}) or an EIP-3009 authorization (form 2: {signature, authorization: {from, to, value, validAfter,
-validBefore, nonce}}). Amounts are integers in USDC base units; addresses are compared checksummed.
+
+`payment` is the decoded X-PAYMENT object: {x402Version: 1, scheme: 'exact', network, payload}, with
+`payload` either a proof of a transfer already made (form 1: {txHash, from, amount, to, chainId,
+tokenAddress, timestamp}) or an EIP-3009 authorization (form 2: {signature, authorization: {from, to,
+value, validAfter, validBefore, nonce}}). Amounts are integers in USDC base units; addresses are
+compared checksummed.
 """
 
 import base64
