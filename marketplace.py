@@ -1885,41 +1885,68 @@ JOB_FIELDS = (
     ('updatedAt', 'j.updated_at', lambda job, base: job['updated_at']),
     ('url', "(:base || '/jobs/' || j.id)", lambda job, base: f'{base}/jobs/{job["id"]}'),
 )
-JOB_JSON_SQL = 'json_object(' + ', '.join(f"'{name}', {sql}" for name, sql, _ in JOB_FIELDS) + ')'
+
+
+def json_object_sql(fields):
+    """SQLite's json_object() of a field table ((name, SQL, Python) rows)."""
+    return 'json_object(' + ', '.join(f"'{name}', {sql}" for name, sql, _ in fields) + ')'
+
+
+JOB_JSON_SQL = json_object_sql(JOB_FIELDS)
 
 
 def job_json(job, base_url):
     return {name: render(job, base_url) for name, _, render in JOB_FIELDS}
 
 
+# Claims and payments as the API shows them, as JOB_FIELDS: SQLite renders a job's page of GET /api/jobs/:id
+# whole (JOB_DETAIL_SQL); claim_json and payment_json are the same in Python.
+CLAIM_FIELDS = (
+    ('id', 'c.id', lambda claim: claim['id']),
+    ('jobId', 'c.job_id', lambda claim: claim['job_id']),
+    ('agentId', 'c.agent_id', lambda claim: claim['agent_id']),
+    ('status', 'c.status', lambda claim: claim['status']),
+    ('deliverable', 'json(c.deliverable)',
+     lambda claim: orjson.loads(claim['deliverable']) if claim['deliverable'] else None),
+    ('deliveredAt', 'c.delivered_at', lambda claim: claim['delivered_at']),
+    ('verifiedAt', 'c.verified_at', lambda claim: claim['verified_at']),
+    ('verificationReason', 'c.verification_reason', lambda claim: claim['verification_reason']),
+    ('autoApproved', "json(CASE WHEN c.auto_approved THEN 'true' ELSE 'false' END)",
+     lambda claim: bool(claim['auto_approved'])),
+    ('createdAt', 'c.created_at', lambda claim: claim['created_at']),
+    ('updatedAt', 'c.updated_at', lambda claim: claim['updated_at']),
+)
+UNIT_DIVISORS_SQL = 'CASE p.currency ' + ' '.join(f"WHEN '{currency}' THEN {10 ** (places - 2)}"
+                                                  for currency, places in DECIMALS.items()) + ' END'
+PAYMENT_FIELDS = (
+    ('id', 'p.id', lambda payment: payment['id']),
+    ('type', 'p.type', lambda payment: payment['type']),
+    ('amount', money_sql(f'(p.amount / {UNIT_DIVISORS_SQL})'),
+     lambda payment: format_units(payment['amount'], payment['currency'])),
+    ('currency', 'p.currency', lambda payment: payment['currency']),
+    ('rail', 'p.rail', lambda payment: payment['rail']),
+    ('status', 'p.status', lambda payment: payment['status']),
+    ('recipient', 'p.recipient', lambda payment: payment['recipient']),
+    ('txHash', 'p.tx_hash', lambda payment: payment['tx_hash']),
+    ('createdAt', 'p.created_at', lambda payment: payment['created_at']),
+)
+# GET /api/jobs/:id in one statement: the job, its claims (oldest first) and its payments (in the order money
+# moved), as job_detail builds them in Python. (A subquery's JSON comes back as text: json() makes it JSON again.)
+JOB_DETAIL_SQL = f'''SELECT json_object(
+    'job', {JOB_JSON_SQL},
+    'claims', json((SELECT json_group_array({json_object_sql(CLAIM_FIELDS)} ORDER BY c.created_at, c.rowid)
+                    FROM claims c WHERE c.job_id = j.id)),
+    'payments', json((SELECT json_group_array({json_object_sql(PAYMENT_FIELDS)} ORDER BY p.seq)
+                      FROM payments p WHERE p.job_id = j.id)))
+    FROM ({JOB_SELECT} WHERE j.id = :id) j'''
+
+
 def claim_json(claim):
-    return {
-        'id': claim['id'],
-        'jobId': claim['job_id'],
-        'agentId': claim['agent_id'],
-        'status': claim['status'],
-        'deliverable': orjson.loads(claim['deliverable']) if claim['deliverable'] else None,
-        'deliveredAt': claim['delivered_at'],
-        'verifiedAt': claim['verified_at'],
-        'verificationReason': claim['verification_reason'],
-        'autoApproved': bool(claim['auto_approved']),
-        'createdAt': claim['created_at'],
-        'updatedAt': claim['updated_at'],
-    }
+    return {name: render(claim) for name, _, render in CLAIM_FIELDS}
 
 
 def payment_json(payment):
-    return {
-        'id': payment['id'],
-        'type': payment['type'],
-        'amount': format_units(payment['amount'], payment['currency']),
-        'currency': payment['currency'],
-        'rail': payment['rail'],
-        'status': payment['status'],
-        'recipient': payment['recipient'],
-        'txHash': payment['tx_hash'],
-        'createdAt': payment['created_at'],
-    }
+    return {name: render(payment) for name, _, render in PAYMENT_FIELDS}
 
 
 def read_deliverable(body):
@@ -3699,8 +3726,13 @@ def job_detail(db, job_id, base_url):
 
 @route('GET', '/api/jobs/<job_id>')
 def show_job(job_id):
+    """job_detail, rendered by SQLite in one statement (JOB_DETAIL_SQL; make bench: 0.48 → 0.6 of the ceiling)."""
     svc = service()
-    return job_detail(svc.db, parse_uuid(job_id, 'jobId'), svc.settings.base_url)
+    text = svc.db.value(JOB_DETAIL_SQL, {'id': parse_uuid(job_id, 'jobId'), 'base': svc.settings.base_url})
+    if text is None:
+        raise NotFound('No job has this id.')
+    response.content_type = JSON_TYPE
+    return text.encode()
 
 
 @route('POST', '/api/jobs/<job_id>/claim', limit='job_action')

@@ -1227,3 +1227,21 @@ def test_job_lists_rendered_by_sqlite_equal_job_json(client, market, app):
     assert {job['status'] for job in rendered} == {'open', 'claimed', 'completed', 'cancelled'}
     assert rendered[-1]['title'] == odd and rendered[-1]['minReputation'] == '12.34'
     assert client.get('/api/jobs?limit=200').json['jobs'] == expected
+    # GET /api/jobs/:id is rendered by SQLite too (JOB_DETAIL_SQL): the job, its claims and its payments
+    rejected, claim = market.delivered_job(paymentCurrency='USD', paymentAmount='12.34')
+    market.verify(rejected, claim, False)
+    auto, claim = market.delivered_job(verificationWindowHours=1)
+    mp.CLOCK.set(mp.now() + timedelta(hours=2))
+    try:
+        assert client.post('/api/jobs/auto-verify', {}, key=ADMIN_KEY).json['autoApproved'] == 1
+    finally:
+        mp.CLOCK.set(None)
+    for row in db.rows('SELECT id FROM jobs'):
+        answer = client.get(f'/api/jobs/{row["id"]}')
+        detail = mp.job_detail(db, row['id'], base)
+        assert answer.status == 200 and answer.json == detail
+        assert [list(claim) for claim in answer.json['claims']] == [list(claim) for claim in detail['claims']]
+    shown = client.get(f'/api/jobs/{auto["id"]}').json
+    assert shown['claims'][0]['autoApproved'] is True and shown['claims'][0]['deliverable']['url']
+    assert [p['type'] for p in shown['payments']] == ['escrow', 'release']
+    assert [p['amount'] for p in client.get(f'/api/jobs/{rejected["id"]}').json['payments']] == ['12.34', '12.34']
