@@ -239,9 +239,8 @@ def main(argv=None):
     results[f'{args.streams:,} idle streams: memory added'] = {'mb': round(added / 1024, 1)}
     results['server peak memory'] = {'mb': round(peak / 1024, 1)}
 
-    print(f'\n| measure | requests/s | p50 ms | p99 ms | ratio to the ceiling | target | met |')
+    print('\n| measure | requests/s | p50 ms | p99 ms | ratio to the ceiling | target | met |')
     print('|---|---|---|---|---|---|---|')
-    verdicts = {}
     for name, result in results.items():
         kind, threshold = TARGETS.get(name.replace(f'{args.streams:,}', '2,000'), (None, None))
         ratio = result.get('ratio')
@@ -257,14 +256,14 @@ def main(argv=None):
         print(f'| {name} | ' + ' | '.join(cells) + f' | {target.get(kind, "")} | '
               + ('' if met is None else 'yes' if met else 'NO') + ' |')
         result.update(ratio=ratio, target=target.get(kind), met=met)
-        verdicts[name] = met
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({'machine': {'host': platform.node(), 'cores': os.cpu_count(),
                                            'python': platform.python_version(), 'platform': platform.platform()},
-                               'jobs': args.jobs, 'duration': args.duration, 'connections': args.connections,
+                               'jobs': args.jobs, 'duration': args.duration, 'rounds': args.rounds,
+                               'connections': args.connections,
                                'results': results}, indent=2) + '\n')
-    missed = [name for name, met in verdicts.items() if met is False]
+    missed = [name for name, result in results.items() if result.get('met') is False]
     print(f'\nwritten to {out}' + (f'; targets missed: {", ".join(missed)}' if missed else '; every target met'))
     errors = sum(result.get('errors', 0) for result in results.values())
     return 1 if errors else 0
