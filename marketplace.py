@@ -2820,12 +2820,13 @@ class X402:
                 'extra': {'name': self.token_name, 'version': self.token_version}}
 
     def refusal(self, price, message, code, checks=None, retry_after=None):
-        """The 402 of a priced call: the x402 body (x402Version, error, accepts) with this service's code."""
+        """The 402 of a priced call: the x402 body (x402Version, error, accepts) with this service's code. A node
+        or facilitator that cannot answer is the usual 503 instead (payment_error)."""
+        if code == 'chain_unavailable':
+            return payment_error(ChainUnavailable(message))
         extra = {'x402Version': 1, 'accepts': [self.requirements(price, service().settings.base_url + request.path)]}
         if checks is not None:
             extra['checks'] = checks
-        if code == 'chain_unavailable':
-            return APIError(message, code=code, status=503, headers={'Retry-After': str(retry_after or 5)})
         return APIError(message, code=code, status=402, extra=extra,
                         headers={'Retry-After': str(retry_after)} if retry_after else None)
 

@@ -53,15 +53,19 @@ def stop(server):
 
 
 @contextmanager
-def serving(db, rpc_url, *extra):
-    """A server in onchain mode (escrow wallet DEV_ADDRESSES[1]) on `db`, killed afterwards if still running."""
-    server = LiveServer(db, onchain_args(rpc_url, *extra), env={'MARKETPLACE_ESCROW_KEY': ESCROW_KEY})
+def running(server):
+    """A LiveServer started, its output drained, and killed afterwards if still running."""
     try:
         server.start()
         drain(server)
         yield server
     finally:
         stop(server)
+
+
+def serving(db, rpc_url, *extra):
+    """A server in onchain mode (escrow wallet DEV_ADDRESSES[1]) on `db`, killed afterwards if still running."""
+    return running(LiveServer(db, onchain_args(rpc_url, *extra), env={'MARKETPLACE_ESCROW_KEY': ESCROW_KEY}))
 
 
 def ledger_of(db_path):

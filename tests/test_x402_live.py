@@ -17,13 +17,12 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 
 import requests
 
 from chain import DEV_ADDRESSES, DEV_KEYS, USDC, Account, sign_authorization  # web3/eth-account only through chain.py
 from conftest import ROOT, LiveServer
-from test_onchain import RPCProxy, drain, nonce_of, stop
+from test_onchain import RPCProxy, nonce_of, running
 from test_x402_verifier import header_of, x_payment
 
 _RECURSION_LIMIT = sys.getrecursionlimit()     # importing x402 may raise it (see chain.py): put it back
@@ -47,17 +46,10 @@ def x402_args(rpc_url, *extra, price=MATCH_PRICE):
     return ['--rpc-url', rpc_url, '--chain-id', '8453', '--confirmations', '1', '--rate-limits', 'off', *price, *extra]
 
 
-@contextmanager
 def serving(db, rpc_url, *extra, price=MATCH_PRICE, env=None):
     """The server in onchain mode with GET /api/jobs/match priced at 0.01 USDC; killed afterwards."""
-    server = LiveServer(db, x402_args(rpc_url, *extra, price=price),
-                        env=dict({'MARKETPLACE_ESCROW_KEY': ESCROW_KEY}, **(env or {})))
-    try:
-        server.start()
-        drain(server)
-        yield server
-    finally:
-        stop(server)
+    return running(LiveServer(db, x402_args(rpc_url, *extra, price=price),
+                              env=dict({'MARKETPLACE_ESCROW_KEY': ESCROW_KEY}, **(env or {}))))
 
 
 def funded(anvil, index, amount=1_000_000):
