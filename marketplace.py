@@ -419,6 +419,12 @@ STATUS_CODES = {400: 'bad_request', 401: 'unauthorized', 403: 'forbidden', 404: 
 # schema.sql's indexes need) and its `after` SQL behind it (filling what schema.sql just created).
 MIGRATIONS = {
     2: {},      # x402: the tables wallet_accounts and x402_payments, which schema.sql creates
+    3: {        # lists: indexes per filter and sort, and job_counts (kept by triggers) for their totals
+        'before': 'DROP INDEX IF EXISTS jobs_status_created;',
+        'after': '''DELETE FROM job_counts;
+                    INSERT INTO job_counts (category, status, jobs)
+                        SELECT category, status, count(*) FROM jobs GROUP BY category, status;''',
+    },
 }
 SCHEMA_SQL = (HERE / 'schema.sql').read_text()
 
@@ -1559,7 +1565,7 @@ JOB_SORTS = {
     'oldest': 'j.seq ASC',
     'pay_desc': 'j.amount_cents DESC, j.seq DESC',
     'pay_asc': 'j.amount_cents ASC, j.seq DESC',
-    'deadline': 'j.deadline ASC, j.seq DESC',
+    'deadline': 'j.deadline ASC, j.seq ASC',      # ties: posted first, first (index order),
 }
 JOB_STATUSES = ('open', 'claimed', 'delivered', 'disputed') + FINAL_JOB_STATUSES
 
@@ -2270,7 +2276,8 @@ def run_sweeps(db, settings):
 def find_jobs(db, *, match=None, category=None, status=None, min_pay=None, sort='newest', limit=50, offset=0):
     """The seqs of a page of the jobs that match the filters, in order, and their total; `match` is an FTS5
     query (see fts_query). Sorting and paging run over the keys alone: sorting thousands of text matches with
-    every column (and the claim count) along took 15 ms a search (make bench)."""
+    every column (and the claim count) along took 15 ms a search (make bench). Text alone is ranked in jobs_fts
+    without reading jobs; a total filtered by category and status alone is read from job_counts."""
     source, where, params = 'jobs j', [], {'limit': limit, 'offset': offset}
     if match is not None:
         source = 'jobs_fts JOIN jobs j ON j.seq = jobs_fts.rowid'
@@ -2286,10 +2293,16 @@ def find_jobs(db, *, match=None, category=None, status=None, min_pay=None, sort=
         where.append('j.amount_cents >= :min_pay')
         params['min_pay'] = min_pay
     clause = (' WHERE ' + ' AND '.join(where)) if where else ''
-    order = 'bm25(jobs_fts, 4.0, 1.0), j.seq DESC' if sort == 'relevance' else JOB_SORTS[sort]
-    total = db.value(f'SELECT count(*) FROM {source}{clause}', params)
+    key, order = 'j.seq', 'bm25(jobs_fts, 4.0, 1.0), j.seq DESC' if sort == 'relevance' else JOB_SORTS[sort]
+    if where == ['jobs_fts MATCH :match'] and sort == 'relevance':     # text alone: rank without reading jobs
+        source, key, order = 'jobs_fts', 'rowid', 'bm25(jobs_fts, 4.0, 1.0), rowid DESC'
+    if match is None and min_pay is None:       # job_counts has the totals by category and status
+        total = db.value('''SELECT coalesce(sum(jobs), 0) FROM job_counts WHERE coalesce(:category, category) = category
+                            AND coalesce(:status, status) = status''', {'category': category, 'status': status})
+    else:
+        total = db.value(f'SELECT count(*) FROM {source}{clause}', params)
     page = [row[0] for row in db.conn.execute(
-        f'SELECT j.seq FROM {source}{clause} ORDER BY {order} LIMIT :limit OFFSET :offset', params)]
+        f'SELECT {key} FROM {source}{clause} ORDER BY {order} LIMIT :limit OFFSET :offset', params)]
     return page, total
 
 
@@ -2491,9 +2504,12 @@ def job_stream(svc, stream_filter, after_seq=None, since=None):
                                                    'maxSeconds': settings.stream_max_seconds})
         sent = set()
         if after_seq is not None or since is not None:
+            if since is not None:       # start at the first job made after it (by jobs_created, not every open job)
+                after_seq = svc.db.value('''SELECT coalesce(min(seq), 1 << 62) - 1 FROM jobs INDEXED BY jobs_created
+                                            WHERE created_at > :since''', {'since': since})
             for job in svc.db.rows(f'''{JOB_SELECT} WHERE j.status = 'open' AND j.seq > :seq
                                        AND j.created_at > :since ORDER BY j.seq LIMIT 500''',
-                                   {'seq': after_seq or 0, 'since': since or ''}):
+                                   {'seq': after_seq, 'since': since or ''}):
                 if stream_filter.wants(job):
                     sent.add(job['id'])
                     yield sse('job.new', job_summary(job, settings.base_url), job['id'])
@@ -3445,7 +3461,9 @@ def excerpt(text, size=EXCERPT_CHARS):
 
 def feed_jobs(db):
     """The newest open jobs that can still be claimed, newest first."""
-    return db.rows(f'''{JOB_SELECT} WHERE j.status = 'open' AND j.deadline > :now
+    # `+`: the deadline is only a filter, so that SQLite reads open jobs newest first from jobs_status and stops
+    # at FEED_SIZE instead of sorting every open job from jobs_status_deadline
+    return db.rows(f'''{JOB_SELECT} WHERE j.status = 'open' AND +j.deadline > :now
                        ORDER BY {JOB_SORTS['newest']} LIMIT :limit''', {'now': now_iso(), 'limit': FEED_SIZE})
 
 

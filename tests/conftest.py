@@ -191,12 +191,16 @@ def settings(tmp_path):
 
 @pytest.fixture
 def app(settings):
-    """The app on a fresh database; after the test, the ledger must balance."""
+    """The app on a fresh database; after the test, the ledger must balance and job_counts (kept by triggers)
+    must hold the real number of jobs of each category and status."""
     app = mp.make_app(settings)
     yield app
     problems = mp.ledger_problems(app.service.db)
+    counted = app.service.db.rows('SELECT category, status, count(*) AS jobs FROM jobs GROUP BY 1, 2 ORDER BY 1, 2')
+    kept = app.service.db.rows('SELECT category, status, jobs FROM job_counts WHERE jobs > 0 ORDER BY 1, 2')
     app.service.close()
     assert problems == []
+    assert kept == counted
 
 
 @pytest.fixture

@@ -410,21 +410,43 @@ def test_a_migration_brings_an_older_database_up_to_date(tmp_path):
 
 def test_a_version_1_database_gains_the_x402_tables_and_keeps_its_rows(tmp_path):
     version_1 = mp.SCHEMA_SQL.split('-- A wallet that pays x402 calls')[0] + \
-        mp.SCHEMA_SQL.split('-- Small counters:')[1].split('\n', 1)[1].replace('PRAGMA user_version = 2;',
-                                                                             'PRAGMA user_version = 1;')
+        mp.SCHEMA_SQL.split('-- Small counters:')[1].split('\n', 1)[1].replace(
+            f'PRAGMA user_version = {mp.SCHEMA_VERSION};', 'PRAGMA user_version = 1;')
     db = mp.Database(tmp_path / 'old.db')
     db.migrate(version_1, {})
     db.execute("INSERT INTO accounts (id, name, role, created_at) VALUES ('a1', 'old', 'member', '2026-01-01T00:00:00.000Z')")
     assert db.value("SELECT count(*) FROM sqlite_master WHERE name IN ('x402_payments', 'wallet_accounts')") == 0
     db.migrate()
-    assert db.value('PRAGMA user_version') == 2
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION
     assert db.value("SELECT count(*) FROM sqlite_master WHERE name IN ('x402_payments', 'wallet_accounts')") == 2
     assert db.rows('SELECT id, name FROM accounts') == [{'id': 'a1', 'name': 'old'}]
     db.close()
 
 
+def test_a_version_2_database_gains_job_counts_of_its_jobs_and_the_list_indexes(tmp_path):
+    path = tmp_path / 'old.db'
+    mp.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', out=lambda line: None)
+    conn = apsw.Connection(str(path))       # back to version 2: no job_counts, the old status index
+    conn.execute('''DROP TABLE job_counts; DROP TRIGGER job_counts_insert; DROP TRIGGER job_counts_delete;
+                    DROP TRIGGER job_counts_update; DROP INDEX jobs_status; DROP INDEX jobs_category_status;
+                    CREATE INDEX jobs_status_created ON jobs(status, created_at); PRAGMA user_version = 2;''')
+    counted = list(conn.execute('SELECT category, status, count(*) FROM jobs GROUP BY 1, 2 ORDER BY 1, 2'))
+    conn.close()
+    assert len(counted) >= 5 and {status for _, status, _ in counted} >= {'open', 'completed', 'rejected'}
+    db = mp.Database(path)
+    db.migrate()
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 3
+    assert [tuple(row.values()) for row in db.rows('SELECT category, status, jobs FROM job_counts ORDER BY 1, 2')] \
+        == counted
+    indexes = {row['name'] for row in db.rows("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'jobs'")}
+    assert {'jobs_status', 'jobs_category_status'} <= indexes and 'jobs_status_created' not in indexes
+    open_jobs = sum(jobs for _, status, jobs in counted if status == 'open')
+    assert mp.find_jobs(db, status='open')[1] == open_jobs        # the total comes from job_counts now
+    db.close()
+
+
 def test_a_new_database_gets_the_schema_without_migrations(tmp_path):
     db = mp.Database(tmp_path / 'new.db')
-    db.migrate(mp.SCHEMA_SQL, {2: {'before': 'THIS IS NOT SQL'}})     # a new database runs no migration
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 2
+    db.migrate(mp.SCHEMA_SQL, {2: {'before': 'THIS IS NOT SQL'}, 3: {'before': 'THIS IS NOT SQL'}})     # a new database runs no migration
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 3
     db.close()
