@@ -1199,25 +1199,42 @@ def read_non_negative_number(value):
     return value
 
 
-def read_json_object(max_bytes):
-    """Make a reader of a JSON object whose encoding fits in max_bytes."""
+MAX_FREEFORM_DEPTH = 8      # requirements, acceptanceCriteria, capabilities, pricing: nesting levels
+
+
+def json_depth(value):
+    """How deep arrays and objects nest in a parsed JSON value (a scalar is 0, {} or [] is 1)."""
+    if isinstance(value, dict):
+        return 1 + max(map(json_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(json_depth, value), default=0)
+    return 0
+
+
+def read_json_object(max_bytes, max_depth):
+    """Make a reader of a JSON object whose encoding fits in max_bytes, nesting at most max_depth deep."""
     def read(value):
         if not isinstance(value, dict):
             raise ValueError('must be an object')
         if len(json.dumps(value)) > max_bytes:
             raise ValueError(f'must be at most {max_bytes} bytes of JSON')
+        if json_depth(value) > max_depth:
+            raise ValueError(f'must nest objects and arrays at most {max_depth} levels deep')
         return value
     return read
 
 
 def read_criteria(value):
-    """acceptanceCriteria: at most 50 objects, each with string `type` and `check`."""
+    """acceptanceCriteria: at most 50 objects, each with string `type` and `check`, 20,000 bytes of JSON in all
+    (an item's other keys are kept, so they count)."""
     if not isinstance(value, list) or len(value) > 50:
         raise ValueError('must be an array of at most 50 objects')
     for item in value:
         if not isinstance(item, dict) or not all(
                 isinstance(item.get(key), str) and 0 < len(item[key]) <= 2000 for key in ('type', 'check')):
             raise ValueError('each item must be an object with string type and check')
+    if len(json.dumps(value)) > 20_000 or json_depth(value) > MAX_FREEFORM_DEPTH:
+        raise ValueError(f'must be at most 20000 bytes of JSON, nesting at most {MAX_FREEFORM_DEPTH} levels deep')
     return value
 
 
@@ -1244,7 +1261,7 @@ def read_capabilities(value):
     if value.get('avgCompletionTime') is not None and not (
             isinstance(value['avgCompletionTime'], str) and len(value['avgCompletionTime']) <= 50):
         raise ValueError('avgCompletionTime must be a short string such as "30m"')
-    return read_json_object(10_000)(result)
+    return read_json_object(10_000, MAX_FREEFORM_DEPTH)(result)
 
 
 def read_pricing(value):
@@ -1255,7 +1272,7 @@ def read_pricing(value):
         result['minimumJobValue'] = read_non_negative_number(value['minimumJobValue'])
     if value.get('acceptedCurrencies') is not None:
         result['acceptedCurrencies'] = read_string_list(tuple(DECIMALS))(value['acceptedCurrencies'])
-    return read_json_object(10_000)(result)
+    return read_json_object(10_000, MAX_FREEFORM_DEPTH)(result)
 
 
 ###############################################################################
@@ -1582,7 +1599,7 @@ def read_job_body(body, account):
         'currency': currency,
         'rail': form.choice('paymentRail', tuple(RAILS.values()), default=RAILS.get(currency)),
         'requester_id': form.uuid('requesterId') or account['id'],
-        'requirements': form.parsed('requirements', read_json_object(20_000), default={}),
+        'requirements': form.parsed('requirements', read_json_object(20_000, MAX_FREEFORM_DEPTH), default={}),
         'acceptance_criteria': form.parsed('acceptanceCriteria', read_criteria, default=[]),
         'max_workers': form.integer('maxWorkers', default=1, low=1, high=100),
         'competition_mode': form.choice('competitionMode', COMPETITION_MODES, default='first-wins'),
@@ -3095,6 +3112,7 @@ def service():
 
 
 MAX_OFFSET = 1_000_000_000
+MAX_QUERY_PARAMS = 50
 
 
 def page_params(query):
@@ -4538,7 +4556,7 @@ API_SCHEMAS = {
         'paymentCurrency': dict(CURRENCY_SCHEMA, default='USDC'),
         'paymentRail': dict(RAIL_SCHEMA, description='Default base for USDC, stripe for USD (the only pairs).'),
         'requesterId': dict(UUID_SCHEMA, description="Default the caller's account; another only for admins."),
-        'requirements': {'type': 'object', 'default': {}, 'description': 'Free-form, at most 20000 bytes of JSON.'},
+        'requirements': {'type': 'object', 'default': {}, 'description': 'Free-form, at most 20000 bytes of JSON nesting at most 8 levels deep.'},
         'acceptanceCriteria': {'type': 'array', 'maxItems': 50, 'items': CRITERION_SCHEMA, 'default': []},
         'maxWorkers': {'type': 'integer', 'minimum': 1, 'maximum': 100, 'default': 1},
         'competitionMode': {'type': 'string', 'enum': list(COMPETITION_MODES), 'default': 'first-wins'},
@@ -5315,6 +5333,9 @@ def make_app(settings):
             try:
                 if request.content_length > MAX_BODY:
                     raise BodyTooLarge()
+                if request.query_string.count('&') >= MAX_QUERY_PARAMS:
+                    raise BadRequest(f'A request takes at most {MAX_QUERY_PARAMS} query parameters.',
+                                     code='invalid_parameter')
                 # A static path of another method wins over a dynamic one: GET /api/jobs/expire is a 405.
                 allowed = static_methods.get(request.path)
                 if allowed and request.route.rule != request.path:
@@ -5469,6 +5490,23 @@ def sweep_forever(service):
             log.info('sweep: %s', json.dumps(result))
 
 
+PROTOCOL_ERRORS = {
+    400: ('Bad Request', 'bad_request', 'The request is not valid HTTP/1.1 (its request line, a header or '
+                                        'Content-Length), or has more than 100 headers.'),
+    414: ('URI Too Long', 'uri_too_long', 'The request line is longer than 8192 bytes; send long input in a '
+                                          'POST body.'),
+}
+
+
+def protocol_error(status):
+    """The whole HTTP answer to a request gevent refuses before the app sees it, as JSON like every error."""
+    status = status if status in PROTOCOL_ERRORS else 400
+    reason, code, message = PROTOCOL_ERRORS[status]
+    body = json.dumps({'error': message, 'code': code, 'status': status}).encode()
+    return (f'HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: {JSON_TYPE}\r\n'
+            f'Content-Length: {len(body)}\r\n\r\n').encode() + body
+
+
 def make_server(app, settings):
     """gevent's WSGI server with TCP_NODELAY on every accepted connection and a graceful stop.
 
@@ -5496,6 +5534,12 @@ def make_server(app, settings):
             if self.server.stopping:
                 self.close_connection = True
             return super().handle_one_response()
+
+        def handle_one_request(self):
+            result = super().handle_one_request()
+            if isinstance(result, tuple):       # refused before the app: gevent's answer has an empty body
+                result = (result[0], protocol_error(int(result[0])))
+            return result
 
     class Server(WSGIServer):
         handler_class = Handler

@@ -350,6 +350,7 @@ class RPCProxy:
     def __init__(self, upstream):
         self.upstream = upstream
         self.holding = False
+        self.down = False       # while set, every request is dropped unanswered: the node has stopped
         self.held = []          # [{'raw', 'body', 'release': Event}]
         self.sent = []          # [(raw, answer)]
         self.changed = threading.Condition()
@@ -363,6 +364,9 @@ class RPCProxy:
                 except ValueError:
                     request = None
                 method = request.get('method') if isinstance(request, dict) else None
+                if proxy.down:
+                    self.close_connection = True
+                    return
                 if method == 'eth_sendRawTransaction' and proxy.holding:
                     entry = {'raw': request['params'][0], 'body': body, 'release': threading.Event()}
                     with proxy.changed:
@@ -480,6 +484,71 @@ def test_a_node_that_does_not_answer(anvil, usdc, tmp_path):
         assert time.monotonic() - started < 15
         assert_refused(answer, 503, 'chain_unavailable')
         assert job_total(server) == 0
+
+
+def wait_for_health(server, reachable, seconds=5):
+    """GET /api/health until it shows the node (un)reachable; its last answer."""
+    deadline = time.monotonic() + seconds
+    while True:
+        health = call(server, 'GET', '/api/health').json()
+        if health['chain']['reachable'] is reachable or time.monotonic() > deadline:
+            return health
+        time.sleep(0.1)
+
+
+def test_the_node_stopping_under_load_is_503_never_500_and_the_service_recovers(anvil, usdc, proxy, tmp_path):
+    """Readers keep reading while the node is gone; what needs the chain is 503 chain_unavailable; an approval is
+    signed and stored offline (200, pending) and paid once the node is back; the refused funding transfers are
+    accepted when sent again."""
+    db = tmp_path / 'm.db'
+    with serving(db, proxy.url, '--sweep-interval', '0.3') as server:
+        key = new_requester(server)
+        agent, worker_key, wallet = new_worker(server)
+        job = funded_job(server, key, pay_escrow(anvil, PRICE))
+        claim_id = delivered(server, job, worker_key, agent)
+        transfers = [pay_escrow(anvil, PRICE) for _ in range(3)]
+        reads, stopping = [], threading.Event()
+
+        def read_while_it_happens():
+            while not stopping.is_set():
+                for path in ('/api/health', '/api/jobs', f'/api/jobs/{job["id"]}', '/api/stats'):
+                    answer = call(server, 'GET', path)
+                    reads.append((path, answer.status_code, proxy.down))
+
+        readers = [threading.Thread(target=read_while_it_happens) for _ in range(3)]
+        for reader in readers:
+            reader.start()
+        try:
+            time.sleep(0.3)
+            proxy.down = True
+            started = time.monotonic()
+            refused = [post_job(server, key, tx_hash) for tx_hash in transfers]
+            assert time.monotonic() - started < 3 * 15
+            health = wait_for_health(server, reachable=False)      # health asks the node every 2 s at most
+            approved = verify(server, job, claim_id, True, key)
+            time.sleep(0.5)             # sweeps try to send the payout to a node that is not there
+            proxy.down = False
+            accepted = [post_job(server, key, tx_hash) for tx_hash in transfers]
+            time.sleep(0.3)
+        finally:
+            stopping.set()
+            for reader in readers:
+                reader.join(20)
+        for answer in refused:
+            assert_refused(answer, 503, 'chain_unavailable')
+        assert health['status'] == 'ok' and health['chain']['reachable'] is False
+        release = one(approved['payments'], 'release')
+        assert_pending_payout(release, '25.00', wallet)
+        assert [answer.status_code for answer in accepted] == [201, 201, 201], [a.text for a in accepted]
+        assert {answer.json()['job']['escrowTxHash'] for answer in accepted} == set(transfers)
+        assert {path for path, _, down in reads if down} == {'/api/health', '/api/jobs', f'/api/jobs/{job["id"]}',
+                                                          '/api/stats'}
+        assert [(path, status) for path, status, _ in reads if status != 200] == []
+        settle(anvil, lambda: statuses(server, job['id'])['release'] == 'confirmed' and anvil.balance(wallet) == PRICE)
+        assert wait_for_health(server, reachable=True)['chain']['latestBlock'] > 0
+        assert job_total(server) == 4
+        assert server.terminate() == 0
+    assert ledger_of(db) == []
 
 
 def test_a_node_on_another_chain_refuses_to_start(tmp_path):
