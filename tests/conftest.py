@@ -275,6 +275,7 @@ class Receiver:
 
     def __init__(self):
         self.requests = []
+        self.arrivals = []      # the headers of every request as it arrives, before any delay
         self.script = []
         self.arrived = threading.Condition()
         receiver = self
@@ -283,6 +284,9 @@ class Receiver:
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get('Content-Length') or 0))
                 status, headers, delay = receiver.script.pop(0) if receiver.script else (200, {}, 0)
+                with receiver.arrived:
+                    receiver.arrivals.append(dict(self.headers))
+                    receiver.arrived.notify_all()
                 if delay:
                     time.sleep(delay)
                 with receiver.arrived:

@@ -352,6 +352,45 @@ def test_pending_deliveries_survive_sigkill(tmp_path, receiver):
             stop(restarted)
 
 
+def test_sigkill_while_a_delivery_is_in_flight_sends_it_again_after_restart(tmp_path, receiver):
+    """Killed while the receiver holds the request: the attempt never finished, so after the restart the same
+    delivery (same id, same signed body) is sent again and logged delivered once."""
+    receiver.script = [(200, {}, 60)]           # the first request is held; the server dies meanwhile
+    path = tmp_path / 'in-flight.db'
+    server = start(path, *PRIVATE, *FAST_RETRIES)
+    restarted = None
+    try:
+        _, requester_key = new_account(server, 'requester')
+        agent, key, secret = register_hooked(server, 'worker', receiver.url)
+        job = new_job(server, requester_key, title='in flight')
+        with receiver.arrived:
+            assert receiver.arrived.wait_for(lambda: receiver.arrivals, 10), 'the delivery never arrived'
+        held = receiver.arrivals[0]
+        server.kill()
+
+        restarted = start(path, *PRIVATE, *FAST_RETRIES)
+        (again,) = receiver.wait_for(1, timeout=15)
+        assert header(again, 'X-Service-Delivery') == held['X-Service-Delivery']
+        assert again['status'] == 200
+        body = check_signed(again, secret)
+        assert (body['type'], body['data']['jobId']) == ('job.new', job['id'])
+
+        def settled():
+            log = delivery_log(restarted, agent['id'], key)
+            return log if log['deliveries'] and log['deliveries'][0]['status'] == 'delivered' else None
+
+        log = wait_until(settled, what='the delivery logged delivered')
+        assert log['total'] == 1
+        entry = log['deliveries'][0]
+        assert (entry['id'], entry['status'], entry['lastStatusCode']) == (held['X-Service-Delivery'], 'delivered', 200)
+        assert len(receiver.arrivals) == 2      # the held attempt and the one after the restart, no more
+        assert restarted.terminate() == 0
+    finally:
+        stop(server)
+        if restarted is not None:
+            stop(restarted)
+
+
 # 4. 410 disables the webhook until its URL is set again ----------------------
 
 def test_410_disables_the_webhook_until_the_url_is_set_again(tmp_path, receiver):
