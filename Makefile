@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 DB     ?= marketplace.db
+FUZZ_EXAMPLES ?= 200
 
 .DEFAULT_GOAL := help
-.PHONY: help run serve seed test bench contracts clean
+.PHONY: help run serve seed test fuzz bench contracts clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -31,6 +32,10 @@ seed: $(VENV)/stamp  ## load the demo fixtures into a new database (DB=marketpla
 
 test: $(VENV)/stamp node_modules/.stamp  ## run the whole test suite
 	$(PY) -m pytest -q
+
+fuzz: $(VENV)/stamp  ## long fuzzing, not in make test: the state machine (500 runs) and each API operation (FUZZ_EXAMPLES=200)
+	HYPOTHESIS_PROFILE=fuzz SCHEMATHESIS_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider \
+		tests/test_properties.py tests/test_schemathesis.py
 
 bench: $(VENV)/stamp  ## measure the server with wrk against a bare ceiling (BENCH_ARGS="--jobs 100000")
 	@command -v wrk >/dev/null || { echo "make bench needs wrk: sudo apt-get install wrk"; exit 2; }

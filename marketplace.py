@@ -1609,6 +1609,10 @@ def read_job_body(body, account):
     }
     if job['amount_cents'] is not None and not 0 < job['amount_cents'] <= MAX_PAYMENT_CENTS:
         form.errors['paymentAmount'] = 'must be more than 0.00 and at most 1000000.00'
+    elif (job['competition_mode'] == 'all-paid' and job['amount_cents'] and job['max_workers']
+          and job['amount_cents'] < job['max_workers']):     # a share of 0.00 would pay nothing for reputation
+        form.errors['paymentAmount'] = (f'must be at least 0.01 per worker in all-paid mode '
+                                        f'({format_cents(job["max_workers"])} for {job["max_workers"]} workers)')
     if currency and job['rail'] and RAILS[currency] != job['rail']:
         form.errors['paymentRail'] = f'{currency} is paid only on rail {RAILS[currency]}'
     form.done()

@@ -9,7 +9,7 @@ balance, and the ledger check at the steps in between. Time moves only through m
 import pytest
 
 import marketplace as mp
-from conftest import ADMIN_KEY, auto_verify, expire, in_hours, make_account, make_agent
+from conftest import ADMIN_KEY, assert_error, auto_verify, expire, in_hours, job_body, make_account, make_agent
 
 FINAL = ('completed', 'rejected', 'refunded', 'expired', 'cancelled')
 
@@ -496,3 +496,16 @@ def test_a_dispute_holds_a_multi_worker_job_past_its_deadline(client, app, marke
     assert history(client, ann) == [('-1.00', 'dispute lost', '0.00')]
     assert balance(app, job) == 0
     books_balance(app)
+
+
+def test_an_all_paid_job_must_pay_at_least_a_cent_per_worker(app, client, market):
+    """A share rounded down to 0.00 would pay nothing and still earn reputation: refused at posting."""
+    answer = client.post('/api/jobs', job_body(paymentAmount='0.03', maxWorkers=4, competitionMode='all-paid'),
+                         key=market.requester_key)
+    assert_error(answer, 400, 'validation_failed', fields=['paymentAmount'])
+    assert answer.json['fields']['paymentAmount'] == \
+        'must be at least 0.01 per worker in all-paid mode (0.04 for 4 workers)'
+    assert app.service.db.value('SELECT count(*) FROM jobs') == 0
+    kept = market.job(paymentAmount='0.04', maxWorkers=4, competitionMode='all-paid')
+    assert kept['paymentAmount'] == '0.04'
+    assert market.job(paymentAmount='0.03', maxWorkers=4, competitionMode='best-wins')['maxWorkers'] == 4
