@@ -1127,13 +1127,27 @@ class Form:
             raise ValidationFailed(f'Some fields are not valid: {names}.', fields=self.errors)
 
 
+_PCT, _SUB = r'%[0-9A-Fa-f]{2}', r"[A-Za-z0-9\-._~!$&'()*+,;=]"       # RFC 3986: pct-encoded; unreserved, sub-delims
+_PCHAR = rf'(?:{_SUB}|{_PCT}|[:@])'
+_URL = re.compile(rf'^https?://(?:(?:{_SUB}|{_PCT}|:)*@)?(?P<host>\[[0-9A-Fa-f:.]+\]|(?:{_SUB}|{_PCT})+)'
+                  rf'(?::(?P<port>\d{{1,5}}))?(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?$',
+                  re.IGNORECASE)
+
+
 def read_url(value):
-    """An http(s) URL of at most 2048 characters."""
+    """An http(s) URL of at most 2048 characters, an RFC 3986 URI (other characters percent-encoded), as the
+    document's format "uri" says: every answer that shows it stays valid."""
     if not isinstance(value, str) or len(value) > 2048:
         raise ValueError('must be an http or https URL of at most 2048 characters')
-    match = re.match(r'^https?://([^/?#\s]+)[^\s]*$', value.strip(), re.IGNORECASE)
-    if not match:
-        raise ValueError('must be an http or https URL')
+    match = _URL.match(value.strip())
+    valid = match is not None and (match['port'] is None or int(match['port']) <= 65535)
+    if valid and match['host'].startswith('['):
+        try:
+            ipaddress.IPv6Address(match['host'][1:-1])
+        except ValueError:
+            valid = False
+    if not valid:
+        raise ValueError('must be an http or https URL (RFC 3986: percent-encode spaces, non-ASCII and <>"{}|\\^`)')
     return value.strip()
 
 
@@ -4555,7 +4569,8 @@ API_SCHEMAS = {
         'description': {'type': 'string', 'minLength': 1, 'maxLength': 20_000},
         'category': CATEGORY_SCHEMA,
         'paymentAmount': {'description': 'More than 0 and at most 1000000.00.', 'anyOf': [
-            {'type': 'string', 'pattern': r'^\d{1,9}(\.\d{1,2})?$', 'examples': ['25.00']},
+            {'type': 'string', 'pattern': r'^(?!0*(\.0{1,2})?$)(\d{1,6}(\.\d{1,2})?|1000000(\.0{1,2})?)$',
+             'examples': ['25.00']},
             {'type': 'integer', 'minimum': 1, 'maximum': 1_000_000}]},
         'paymentCurrency': dict(CURRENCY_SCHEMA, default='USDC'),
         'paymentRail': dict(RAIL_SCHEMA, description='Default base for USDC, stripe for USD (the only pairs).'),
@@ -4860,7 +4875,13 @@ JOB_STATUS_PARAM = {'name': 'status', 'schema': JOB_STATUS_SCHEMA, 'description'
 CATEGORIES_PARAM = {'name': 'categories', 'schema': {'type': 'string', 'examples': ['code,data']},
                     'description': 'Comma-separated categories; any of them matches.'}
 
-STREAM_DESCRIPTION = '''Server-Sent Events, each with an `event:` line and a JSON `data:` line:
+# One event of a stream, as OpenAPI 3.2 (and Schemathesis) read the schema of text/event-stream.
+SSE_EVENT_SCHEMA = {'type': 'object', 'required': ['event', 'data'], 'properties': {
+    'event': {'type': 'string', 'enum': ['connected', 'job.new', 'heartbeat', 'timeout']},
+    'data': {'type': 'string', 'contentMediaType': 'application/json'},
+    'id': {'type': 'string', 'format': 'uuid'},
+    'retry': {'type': 'integer', 'minimum': 0}}}
+STREAM_DESCRIPTION = '''Server-Sent Events (the schema is that of each event), each with an `event:` line and a JSON `data:` line:
 `connected` first (data: the filters, the heartbeat interval and the maximum duration), then `job.new`
 for each matching new job (data: a job summary; `id:` set so that `Last-Event-ID` resumes), `heartbeat`
 every 30 seconds, and `timeout` before the stream closes after at most 10 minutes.'''
@@ -5167,7 +5188,8 @@ def openapi_operation(path, entry):
     if name:
         content = json_content(name)
     else:
-        content = {media: {'schema': {'type': 'string'}} for media in entry['media']}
+        content = {media: {'schema': SSE_EVENT_SCHEMA if media == 'text/event-stream' else {'type': 'string'}}
+                   for media in entry['media']}
     success = {'description': entry.get('ok_description', 'Created.' if status == 201 else 'OK.')}
     if content:
         success['content'] = content

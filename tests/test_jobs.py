@@ -1210,7 +1210,7 @@ def test_job_lists_rendered_by_sqlite_equal_job_json(client, market, app):
     market.job(title=odd, description=odd, requirements={'language': 'python', 'nested': {'list': [1, 2.5, None,
                                                                                                      True, odd]}},
                acceptanceCriteria=[{'type': 'test', 'check': odd}], minReputation='12.34')
-    market.job(paymentCurrency='USD', paymentAmount='0.01', maxWorkers=3, competitionMode='all-paid')
+    market.job(paymentCurrency='USD', paymentAmount='0.01', maxWorkers=3, competitionMode='best-wins')
     claimed = market.job(paymentAmount='999999.99')
     market.claim(claimed)
     done, claim = market.delivered_job()

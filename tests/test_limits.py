@@ -184,3 +184,36 @@ def test_admin_key_is_no_way_around_the_limits(app, client):
     answer = post_job(client, ADMIN_KEY, requirements=nested(9))
     assert_error(answer, 400, 'validation_failed', fields=['requirements'])
     assert job_count(app) == 0
+
+
+# URLs ------------------------------------------------------------------------
+
+URL_PROBLEM = 'must be an http or https URL (RFC 3986: percent-encode spaces, non-ASCII and <>"{}|\\^`)'
+
+
+@pytest.mark.parametrize('url', ['https://a b/', 'https://a/\x00', 'https://ä.example/', 'https://a/ü', 'https://a/%zz',
+                                 'https://a/<x>', 'https://a/{x}', 'https://a/x|y', 'https://a/"', 'https://a/x\\y',
+                                 'https://a/?q=[1]', 'https://a/#x#y', 'http://a:99999/', 'https://[zz]/', 'ftp://a/x',
+                                 'https://', 'https://a/' + 'x' * 2040])
+def test_a_url_that_is_not_an_rfc_3986_uri_is_400(client, market, url):
+    """Stored URLs are shown as format "uri" in every answer, so only URIs are stored (webhookUrl, deliverable)."""
+    answer = client.post('/api/agents', {'name': 'hooked', 'walletAddress': '0x' + '1' * 40, 'webhookUrl': url},
+                         key=market.worker_key)
+    assert_error(answer, 400, 'validation_failed', fields=['webhookUrl'])
+    assert answer.json['fields']['webhookUrl'] in (URL_PROBLEM, 'must be an http or https URL of at most 2048 characters')
+    job = market.job()
+    claim = market.claim(job)
+    answer = client.post(f'/api/jobs/{job["id"]}/deliver', {'claimId': claim['id'], 'deliverable': {'url': url}},
+                         key=market.worker_key)
+    assert_error(answer, 400, 'validation_failed', fields=['deliverable.url'])
+
+
+@pytest.mark.parametrize('url', ['https://example.com/x', 'http://a:8080/p?q=1#f', 'https://[::1]:80/x',
+                                 "https://a/!$&'()*+,;=", 'https://a/%C3%BC%20x', 'https://a.b.c/~u?x=/?'])
+def test_an_rfc_3986_url_is_kept_as_sent(client, market, url):
+    job = market.job()
+    claim = market.claim(job)
+    answer = client.post(f'/api/jobs/{job["id"]}/deliver', {'claimId': claim['id'], 'deliverable': {'url': url}},
+                         key=market.worker_key)
+    assert answer.status == 200, answer.json
+    assert answer.json['claim']['deliverable']['url'] == url
