@@ -1596,7 +1596,7 @@ JOB_SORTS = {
     'oldest': 'j.seq ASC',
     'pay_desc': 'j.amount_cents DESC, j.seq DESC',
     'pay_asc': 'j.amount_cents ASC, j.seq DESC',
-    'deadline': 'j.deadline ASC, j.seq ASC',      # ties: posted first, first (index order),
+    'deadline': 'j.deadline ASC, j.seq ASC',      # equal deadlines: the job posted first (index order)
 }
 JOB_STATUSES = ('open', 'claimed', 'delivered', 'disputed') + FINAL_JOB_STATUSES
 
@@ -4575,7 +4575,8 @@ API_SCHEMAS = {
         'paymentCurrency': dict(CURRENCY_SCHEMA, default='USDC'),
         'paymentRail': dict(RAIL_SCHEMA, description='Default base for USDC, stripe for USD (the only pairs).'),
         'requesterId': dict(UUID_SCHEMA, description="Default the caller's account; another only for admins."),
-        'requirements': {'type': 'object', 'default': {}, 'description': 'Free-form, at most 20000 bytes of JSON nesting at most 8 levels deep.'},
+        'requirements': {'type': 'object', 'default': {},
+                         'description': 'Free-form, at most 20000 bytes of JSON nesting at most 8 levels deep.'},
         'acceptanceCriteria': {'type': 'array', 'maxItems': 50, 'items': CRITERION_SCHEMA, 'default': []},
         'maxWorkers': {'type': 'integer', 'minimum': 1, 'maximum': 100, 'default': 1},
         'competitionMode': {'type': 'string', 'enum': list(COMPETITION_MODES), 'default': 'first-wins'},
@@ -4881,10 +4882,10 @@ SSE_EVENT_SCHEMA = {'type': 'object', 'required': ['event', 'data'], 'properties
     'data': {'type': 'string', 'contentMediaType': 'application/json'},
     'id': {'type': 'string', 'format': 'uuid'},
     'retry': {'type': 'integer', 'minimum': 0}}}
-STREAM_DESCRIPTION = '''Server-Sent Events (the schema is that of each event), each with an `event:` line and a JSON `data:` line:
-`connected` first (data: the filters, the heartbeat interval and the maximum duration), then `job.new`
-for each matching new job (data: a job summary; `id:` set so that `Last-Event-ID` resumes), `heartbeat`
-every 30 seconds, and `timeout` before the stream closes after at most 10 minutes.'''
+STREAM_DESCRIPTION = '''Server-Sent Events (the schema is that of one event), each with an `event:` line and a
+JSON `data:` line: `connected` first (data: the filters, the heartbeat interval and the maximum duration),
+then `job.new` for each matching new job (data: a job summary; `id:` set so that `Last-Event-ID` resumes),
+`heartbeat` every 30 seconds, and `timeout` before the stream closes after at most 10 minutes.'''
 
 ###############################################################################
 # The OpenAPI document: operations ############################################

@@ -134,6 +134,15 @@ def delivered(server, job, worker_key, agent):
     return claim_and_deliver(server, job, agent['id'], worker_key)
 
 
+def funded_delivery(server, anvil):
+    """A requester's job funded on chain with PRICE, claimed and delivered by a new worker:
+    (requester key, job, claim id, the worker's wallet)."""
+    key = new_requester(server)
+    agent, worker_key, wallet = new_worker(server)
+    job = funded_job(server, key, pay_escrow(anvil, PRICE))
+    return key, job, delivered(server, job, worker_key, agent), wallet
+
+
 def verify(server, job, claim_id, approved, requester_key):
     answer = call(server, 'POST', f'/api/jobs/{job["id"]}/verify', {'claimId': claim_id, 'approved': approved},
                   requester_key)
@@ -422,10 +431,7 @@ def proxy(anvil):
 def test_a_crash_between_commit_and_broadcast_pays_exactly_once(anvil, usdc, proxy, tmp_path, node_has_it):
     db = tmp_path / 'm.db'
     with serving(db, proxy.url, '--sweep-interval', '600') as server:
-        key = new_requester(server)
-        agent, worker_key, wallet = new_worker(server)
-        job = funded_job(server, key, pay_escrow(anvil, PRICE))
-        claim_id = delivered(server, job, worker_key, agent)
+        key, job, claim_id, wallet = funded_delivery(server, anvil)
         nonce_before = nonce_of(anvil, ESCROW)
 
         proxy.holding = True
@@ -502,10 +508,7 @@ def test_the_node_stopping_under_load_is_503_never_500_and_the_service_recovers(
     accepted when sent again."""
     db = tmp_path / 'm.db'
     with serving(db, proxy.url, '--sweep-interval', '0.3') as server:
-        key = new_requester(server)
-        agent, worker_key, wallet = new_worker(server)
-        job = funded_job(server, key, pay_escrow(anvil, PRICE))
-        claim_id = delivered(server, job, worker_key, agent)
+        key, job, claim_id, wallet = funded_delivery(server, anvil)
         transfers = [pay_escrow(anvil, PRICE) for _ in range(3)]
         reads, stopping = [], threading.Event()
 
