@@ -1647,8 +1647,7 @@ def create_job(db, settings, fields, funding=None):
                created_at=moment, updated_at=moment)
     with db.transaction():
         if not db.value('SELECT 1 FROM accounts WHERE id = :id', {'id': job['requester_id']}):
-            raise ValidationFailed('The requester does not exist.',
-                                   fields={'requesterId': 'no account has this id'})
+            raise NotFound('No account has this id (requesterId).')
         db.insert('jobs', job)
         if funding:
             db.insert('used_payments', {'chain_id': settings.chain_id, 'tx_hash': funding['tx_hash'],
@@ -2139,7 +2138,7 @@ def register_arbitrator(db, account, name, wallet, agent_id, owner_id):
         elif not is_admin(account):
             raise Forbidden('Only an admin may register an arbitrator without an agentId.')
         elif owner_id and not db.value('SELECT 1 FROM accounts WHERE id = :id', {'id': owner_id}):
-            raise ValidationFailed('The account does not exist.', fields={'accountId': 'no account has this id'})
+            raise NotFound('No account has this id (accountId).')
         moment = now_iso()
         arbitrator = {'id': new_id(), 'account_id': owner_id or account['id'], 'agent_id': agent_id,
                       'name': name, 'wallet_address': wallet, 'status': 'active',
@@ -4979,7 +4978,7 @@ API_OPERATIONS = {
         'ok': (200, 'JobList'), 'errors': (400, 429)},
     ('POST', '/api/jobs'): {
         'summary': 'Post a job and lock its payment in escrow', 'tags': ['Jobs'], 'auth': 'key',
-        'body': 'JobCreate', 'ok': (201, 'JobResult'), 'errors': (400, 401, 402, 403, 409, 413, 429, 503),
+        'body': 'JobCreate', 'ok': (201, 'JobResult'), 'errors': (400, 401, 402, 403, 404, 409, 413, 429, 503),
         'also': {200: ('JobResult', 'On chain: the job this escrowTxHash already funded for this requester.')},
         'description': 'In onchain mode a job on rail base needs `escrowTxHash`, a USDC transfer to the escrow '
                        'address for at least paymentAmount: 402 `payment_required` (with paymentRequirements), '

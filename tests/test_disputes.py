@@ -674,8 +674,9 @@ def test_human_arbitrator_registration_errors(client):
     assert_error(register_arbitrator(client, member_key), 403, 'forbidden')
     assert_error(register_arbitrator(client, member_key, accountId=member['id']), 403, 'forbidden')
     assert_error(register_arbitrator(client, None), 401, 'unauthorized')
-    assert_error(register_arbitrator(client, ADMIN_KEY, accountId=UNKNOWN_ID), 400, 'validation_failed',
-                 {'accountId'})
+    unknown = register_arbitrator(client, ADMIN_KEY, accountId=UNKNOWN_ID)     # a well-formed id of nothing: 404
+    assert_error(unknown, 404, 'not_found')
+    assert unknown.json['error'] == 'No account has this id (accountId).'
     assert_error(register_arbitrator(client, ADMIN_KEY, accountId='not-a-uuid'), 400, 'invalid_uuid')
     assert_error(client.post('/api/arbitrators', {'walletAddress': random_wallet()}, key=ADMIN_KEY),
                  400, 'validation_failed', {'name'})

@@ -328,9 +328,11 @@ def test_admin_posts_on_behalf_of_an_account(market, client):
     assert cancelled.json['job']['status'] == 'cancelled'
 
 
-def test_admin_posting_for_nobody_gets_400(client):
+def test_admin_posting_for_nobody_gets_404(client):
+    """A well-formed id of nothing, in a path or a body, is 404 (CONTRACT section 1)."""
     answer = post_job(client, ADMIN_KEY, requesterId='0b6f3c1e-8d2a-4f5b-9c3d-2e1f0a9b8c7d')
-    assert_error(answer, 400, 'validation_failed', fields=['requesterId'])
+    assert_error(answer, 404, 'not_found')
+    assert answer.json['error'] == 'No account has this id (requesterId).'
     assert list_jobs(client)['total'] == 0
 
 
