@@ -3134,15 +3134,15 @@ MAX_QUERY_PARAMS = 50
 
 def page_params(query):
     """limit (1..200, clamped above) and offset (0..MAX_OFFSET) from the query string."""
-    def number(name, default):
+    def number(name, default, low):
         raw = query.get(name)
         if raw is None or raw == '':
             return default
         if not re.fullmatch(r'\d+', raw.strip()):
-            raise BadRequest(f'{name} must be a whole number of at least 0.', code='invalid_parameter',
-                             fields={name: 'must be a whole number'})
+            raise BadRequest(f'{name} must be a whole number of at least {low}.', code='invalid_parameter',
+                             fields={name: f'must be a whole number of at least {low}'})
         return int(raw)
-    limit, offset = number('limit', 50), number('offset', 0)
+    limit, offset = number('limit', 50, 1), number('offset', 0, 0)
     if limit < 1:
         raise BadRequest('limit must be at least 1.', code='invalid_parameter', fields={'limit': 'must be 1 to 200'})
     if offset > MAX_OFFSET:
