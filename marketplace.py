@@ -2328,7 +2328,7 @@ def find_jobs(db, *, match=None, category=None, status=None, min_pay=None, sort=
         params['min_pay'] = min_pay
     clause = (' WHERE ' + ' AND '.join(where)) if where else ''
     key, order = 'j.seq', 'bm25(jobs_fts, 4.0, 1.0), j.seq DESC' if sort == 'relevance' else JOB_SORTS[sort]
-    if where == ['jobs_fts MATCH :match'] and sort == 'relevance':     # text alone: rank without reading jobs
+    if match is not None and len(where) == 1 and sort == 'relevance':     # text alone: rank without reading jobs
         source, key, order = 'jobs_fts', 'rowid', 'bm25(jobs_fts, 4.0, 1.0), rowid DESC'
     if match is None and min_pay is None:       # job_counts has the totals by category and status
         total = db.value('''SELECT coalesce(sum(jobs), 0) FROM job_counts WHERE coalesce(:category, category) = category
