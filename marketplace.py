@@ -233,6 +233,14 @@ SETTINGS = [
             many=True),
     Setting('facilitator_url', '', str,
             'an x402 facilitator (its /verify and /settle) to settle authorizations instead of the escrow wallet'),
+    Setting('x402_pay_to', '', str,
+            'the address x402 payments go to (required with --x402-price; never the escrow address)'),
+    Setting('allow_simulated_rails', False, parse_bool,
+            'accept jobs on a simulated rail while another rail moves real money (demos only)'),
+    Setting('open_arbitration', False, parse_bool,
+            'arbitrators are active at registration, without an admin (demos and the seed only)'),
+    Setting('dispute_timeout_hours', 168, parse_positive(int),
+            'hours after which an open dispute shows needsAdmin: true'),
 ]
 
 
@@ -424,6 +432,42 @@ MIGRATIONS = {
         'after': '''DELETE FROM job_counts;
                     INSERT INTO job_counts (category, status, jobs)
                         SELECT category, status, count(*) FROM jobs GROUP BY category, status;''',
+    },
+    4: {        # money that cannot be taken (CONTRACT 18): exempt accounts, env admin keys, claim time-outs,
+                # panels; arbitrators gain `pending` and `trusted` (a CHECK changes: the table is rebuilt, and
+                # votes with it, since a table others reference cannot be dropped). Agent arbitrators made
+                # under the old rules wait for an admin again: ten cheap jobs made them arbitrators.
+        'before': '''
+            ALTER TABLE accounts ADD COLUMN x402_exempt INTEGER NOT NULL DEFAULT 0;
+            ALTER TABLE api_keys ADD COLUMN from_env INTEGER NOT NULL DEFAULT 0;
+            ALTER TABLE jobs ADD COLUMN claim_timeout_hours INTEGER NOT NULL DEFAULT 24;
+            ALTER TABLE disputes ADD COLUMN needs_admin INTEGER NOT NULL DEFAULT 0;
+            CREATE TABLE arbitrators_v4 (
+                id              TEXT PRIMARY KEY,
+                account_id      TEXT NOT NULL REFERENCES accounts(id),
+                agent_id        TEXT UNIQUE REFERENCES agents(id),
+                name            TEXT NOT NULL,
+                wallet_address  TEXT NOT NULL,
+                status          TEXT NOT NULL CHECK (status IN ('pending', 'active', 'suspended')),
+                created_at      TEXT NOT NULL,
+                updated_at      TEXT NOT NULL,
+                trusted         INTEGER NOT NULL DEFAULT 0);
+            INSERT INTO arbitrators_v4 SELECT id, account_id, agent_id, name, wallet_address,
+                CASE WHEN status = 'active' AND agent_id IS NOT NULL THEN 'pending' ELSE status END,
+                created_at, updated_at, 0 FROM arbitrators;
+            CREATE TABLE votes_v4 (
+                id              TEXT PRIMARY KEY,
+                dispute_id      TEXT NOT NULL REFERENCES disputes(id),
+                arbitrator_id   TEXT NOT NULL REFERENCES arbitrators_v4(id),
+                vote            TEXT NOT NULL CHECK (vote IN ('requester', 'worker')),
+                reasoning       TEXT NOT NULL DEFAULT '',
+                created_at      TEXT NOT NULL,
+                UNIQUE (dispute_id, arbitrator_id));
+            INSERT INTO votes_v4 SELECT id, dispute_id, arbitrator_id, vote, reasoning, created_at FROM votes;
+            DROP TABLE votes;
+            DROP TABLE arbitrators;
+            ALTER TABLE arbitrators_v4 RENAME TO arbitrators;
+            ALTER TABLE votes_v4 RENAME TO votes;''',
     },
 }
 SCHEMA_SQL = (HERE / 'schema.sql').read_text()

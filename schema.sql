@@ -7,7 +7,8 @@ CREATE TABLE IF NOT EXISTS accounts (
     id          TEXT PRIMARY KEY,
     name        TEXT NOT NULL,
     role        TEXT NOT NULL CHECK (role IN ('admin', 'member')),
-    created_at  TEXT NOT NULL
+    created_at  TEXT NOT NULL,
+    x402_exempt INTEGER NOT NULL DEFAULT 0         -- an admin let it call x402-priced operations without paying
 );
 
 CREATE TABLE IF NOT EXISTS api_keys (
@@ -16,7 +17,8 @@ CREATE TABLE IF NOT EXISTS api_keys (
     key_hash    TEXT NOT NULL UNIQUE,          -- SHA-256 hex of the key; the key itself is never stored
     prefix      TEXT NOT NULL,                 -- first characters, to tell keys apart in `keys list`
     created_at  TEXT NOT NULL,
-    revoked_at  TEXT
+    revoked_at  TEXT,
+    from_env    INTEGER NOT NULL DEFAULT 0     -- made admin by MARKETPLACE_ADMIN_KEY: revoked when it names another
 );
 
 CREATE TABLE IF NOT EXISTS agents (
@@ -76,7 +78,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     escrow_tx_hash            TEXT,                         -- on chain: the funding transfer
     refund_address            TEXT,                         -- on chain: who funded it, and gets refunds
     created_at                TEXT NOT NULL,
-    updated_at                TEXT NOT NULL
+    updated_at                TEXT NOT NULL,
+    claim_timeout_hours       INTEGER NOT NULL DEFAULT 24   -- a claim not delivered this long after it was made expires
 );
 -- Lists filter by status and category and sort by seq (newest, oldest), pay or deadline: each index below
 -- serves one filter with its sorts in index order (an index ends in seq, the rowid), so a page of 50 stops
@@ -192,7 +195,8 @@ CREATE TABLE IF NOT EXISTS disputes (
     resolved_by     TEXT,
     required_votes  INTEGER NOT NULL,
     created_at      TEXT NOT NULL,
-    resolved_at     TEXT
+    resolved_at     TEXT,
+    needs_admin     INTEGER NOT NULL DEFAULT 0     -- too few eligible arbitrators for a panel when it opened
 );
 CREATE INDEX IF NOT EXISTS disputes_status ON disputes(status, created_at);
 CREATE INDEX IF NOT EXISTS disputes_job ON disputes(job_id);
@@ -204,9 +208,10 @@ CREATE TABLE IF NOT EXISTS arbitrators (
     agent_id        TEXT UNIQUE REFERENCES agents(id),
     name            TEXT NOT NULL,
     wallet_address  TEXT NOT NULL,
-    status          TEXT NOT NULL CHECK (status IN ('active', 'suspended')),
+    status          TEXT NOT NULL CHECK (status IN ('pending', 'active', 'suspended')),
     created_at      TEXT NOT NULL,
-    updated_at      TEXT NOT NULL
+    updated_at      TEXT NOT NULL,
+    trusted         INTEGER NOT NULL DEFAULT 0     -- an admin let it decide disputes alone (PATCH /api/disputes/:id)
 );
 
 CREATE TABLE IF NOT EXISTS votes (
@@ -219,6 +224,14 @@ CREATE TABLE IF NOT EXISTS votes (
     UNIQUE (dispute_id, arbitrator_id)
 );
 CREATE INDEX IF NOT EXISTS votes_arbitrator ON votes(arbitrator_id);
+
+-- The arbitrators drawn at random for a dispute when it opened: only they vote on it (and see its delivery).
+CREATE TABLE IF NOT EXISTS dispute_panels (
+    dispute_id      TEXT NOT NULL REFERENCES disputes(id),
+    arbitrator_id   TEXT NOT NULL REFERENCES arbitrators(id),
+    PRIMARY KEY (dispute_id, arbitrator_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS dispute_panels_arbitrator ON dispute_panels(arbitrator_id);
 
 -- Every on-chain payment the service accepted: a transaction hash pays for one thing only, ever.
 CREATE TABLE IF NOT EXISTS used_payments (
@@ -289,4 +302,4 @@ CREATE TABLE IF NOT EXISTS webhook_deliveries (
 CREATE INDEX IF NOT EXISTS webhook_deliveries_due ON webhook_deliveries(status, next_attempt_at);
 CREATE INDEX IF NOT EXISTS webhook_deliveries_agent ON webhook_deliveries(agent_id, created_at);
 
-PRAGMA user_version = 3;
+PRAGMA user_version = 4;

@@ -408,10 +408,13 @@ def test_a_migration_brings_an_older_database_up_to_date(tmp_path):
     db.close()
 
 
+SCHEMA_V3 = (ROOT / 'tests' / 'schema_v3.sql').read_text()     # schema.sql as version 3 left it
+
+
 def test_a_version_1_database_gains_the_x402_tables_and_keeps_its_rows(tmp_path):
-    version_1 = mp.SCHEMA_SQL.split('-- A wallet that pays x402 calls')[0] + \
-        mp.SCHEMA_SQL.split('-- Small counters:')[1].split('\n', 1)[1].replace(
-            f'PRAGMA user_version = {mp.SCHEMA_VERSION};', 'PRAGMA user_version = 1;')
+    version_1 = SCHEMA_V3.split('-- A wallet that pays x402 calls')[0] + \
+        SCHEMA_V3.split('-- Small counters:')[1].split('\n', 1)[1].replace(
+            'PRAGMA user_version = 3;', 'PRAGMA user_version = 1;')
     db = mp.Database(tmp_path / 'old.db')
     db.migrate(version_1, {})
     db.execute("INSERT INTO accounts (id, name, role, created_at) VALUES ('a1', 'old', 'member', '2026-01-01T00:00:00.000Z')")
@@ -423,10 +426,67 @@ def test_a_version_1_database_gains_the_x402_tables_and_keeps_its_rows(tmp_path)
     db.close()
 
 
+def version_3_demo(path):
+    """The demo fixtures in a database of schema version 3 (seeded now, then taken back to that shape)."""
+    mp.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', out=lambda line: None)
+    conn = apsw.Connection(str(path))
+    conn.execute('PRAGMA foreign_keys = ON')
+    conn.execute('BEGIN')
+    conn.execute('''DROP TABLE dispute_panels;
+        ALTER TABLE accounts DROP COLUMN x402_exempt; ALTER TABLE api_keys DROP COLUMN from_env;
+        ALTER TABLE jobs DROP COLUMN claim_timeout_hours; ALTER TABLE disputes DROP COLUMN needs_admin;
+        CREATE TABLE arbitrators_v3 (id TEXT PRIMARY KEY, account_id TEXT NOT NULL REFERENCES accounts(id),
+            agent_id TEXT UNIQUE REFERENCES agents(id), name TEXT NOT NULL, wallet_address TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('active', 'suspended')), created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL);
+        INSERT INTO arbitrators_v3 SELECT id, account_id, agent_id, name, wallet_address,
+            CASE status WHEN 'pending' THEN 'active' ELSE status END, created_at, updated_at FROM arbitrators;
+        CREATE TABLE votes_v3 (id TEXT PRIMARY KEY, dispute_id TEXT NOT NULL REFERENCES disputes(id),
+            arbitrator_id TEXT NOT NULL REFERENCES arbitrators_v3(id), vote TEXT NOT NULL, reasoning TEXT NOT NULL
+            DEFAULT '', created_at TEXT NOT NULL, UNIQUE (dispute_id, arbitrator_id));
+        INSERT INTO votes_v3 SELECT * FROM votes;
+        DROP TABLE votes; DROP TABLE arbitrators;
+        ALTER TABLE arbitrators_v3 RENAME TO arbitrators; ALTER TABLE votes_v3 RENAME TO votes;
+        CREATE INDEX votes_arbitrator ON votes(arbitrator_id);
+        PRAGMA user_version = 3;''')
+    conn.execute('COMMIT')
+    return conn
+
+
+def test_a_version_3_database_keeps_its_arbitrators_and_votes_and_agent_arbitrators_wait_for_an_admin(tmp_path):
+    path = tmp_path / 'old.db'
+    conn = version_3_demo(path)
+    account, agent, job, claim = next(conn.execute('''SELECT a.account_id, a.id, c.job_id, c.id FROM claims c
+                                                     JOIN agents a ON a.id = c.agent_id LIMIT 1'''))
+    moment = '2026-01-01T00:00:00.000Z'
+    conn.execute('''INSERT INTO arbitrators VALUES ('r1', :account, :agent, 'farmed', :wallet, 'active', :t, :t),
+                        ('r2', :account, NULL, 'a person', :wallet, 'active', :t, :t),
+                        ('r3', :account, NULL, 'resting', :wallet, 'suspended', :t, :t);
+                    INSERT INTO disputes (id, job_id, claim_id, status, reason, required_votes, created_at)
+                        VALUES ('d1', :job, :claim, 'open', 'late', 3, :t);
+                    INSERT INTO votes VALUES ('v1', 'd1', 'r1', 'worker', '', :t), ('v2', 'd1', 'r2', 'worker', '', :t)''',
+                 {'account': account, 'agent': agent, 'wallet': '0x' + '1' * 40, 't': moment, 'job': job, 'claim': claim})
+    before = list(conn.execute('SELECT id, agent_id IS NOT NULL, status FROM arbitrators ORDER BY id'))
+    votes = list(conn.execute('SELECT id, dispute_id, arbitrator_id, vote FROM votes ORDER BY id'))
+    conn.close()
+    assert votes and any(agent for _, agent, _ in before) and any(not agent for _, agent, _ in before)
+    db = mp.Database(path)
+    db.migrate()
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 4
+    after = [tuple(row.values()) for row in db.rows('SELECT id, agent_id IS NOT NULL, status, trusted FROM arbitrators ORDER BY id')]
+    assert after == [(id_, agent, 'pending' if agent and status == 'active' else status, 0)
+                     for id_, agent, status in before]
+    assert [tuple(row.values()) for row in db.rows('SELECT id, dispute_id, arbitrator_id, vote FROM votes ORDER BY id')] \
+        == votes
+    assert db.value('PRAGMA foreign_key_check') is None
+    assert {row['claim_timeout_hours'] for row in db.rows('SELECT claim_timeout_hours FROM jobs')} == {24}
+    assert mp.ledger_problems(db) == []
+    db.close()
+
+
 def test_a_version_2_database_gains_job_counts_of_its_jobs_and_the_list_indexes(tmp_path):
     path = tmp_path / 'old.db'
-    mp.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', out=lambda line: None)
-    conn = apsw.Connection(str(path))       # back to version 2: no job_counts, the old status index
+    conn = version_3_demo(path)       # back to version 2: no job_counts, the old status index
     conn.execute('''DROP TABLE job_counts; DROP TRIGGER job_counts_insert; DROP TRIGGER job_counts_delete;
                     DROP TRIGGER job_counts_update; DROP INDEX jobs_status; DROP INDEX jobs_category_status;
                     CREATE INDEX jobs_status_created ON jobs(status, created_at); PRAGMA user_version = 2;''')
@@ -435,7 +495,7 @@ def test_a_version_2_database_gains_job_counts_of_its_jobs_and_the_list_indexes(
     assert len(counted) >= 5 and {status for _, status, _ in counted} >= {'open', 'completed', 'rejected'}
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 3
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 4
     assert [tuple(row.values()) for row in db.rows('SELECT category, status, jobs FROM job_counts ORDER BY 1, 2')] \
         == counted
     indexes = {row['name'] for row in db.rows("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'jobs'")}
@@ -447,6 +507,7 @@ def test_a_version_2_database_gains_job_counts_of_its_jobs_and_the_list_indexes(
 
 def test_a_new_database_gets_the_schema_without_migrations(tmp_path):
     db = mp.Database(tmp_path / 'new.db')
-    db.migrate(mp.SCHEMA_SQL, {2: {'before': 'THIS IS NOT SQL'}, 3: {'before': 'THIS IS NOT SQL'}})     # a new database runs no migration
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 3
+    not_sql = {'before': 'THIS IS NOT SQL'}
+    db.migrate(mp.SCHEMA_SQL, {2: not_sql, 3: not_sql, 4: not_sql})     # a new database runs no migration
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 4
     db.close()

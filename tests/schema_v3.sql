@@ -1,0 +1,292 @@
+-- The marketplace's whole state. Idempotent: applied at every start, after the migrations in
+-- marketplace.py have brought an older database up to the shape below.
+-- Money is integer units of the currency (USD cents, USDC base units with 6 decimals).
+-- Times are ISO 8601 UTC text with milliseconds and a Z ('2026-11-21T16:40:00.000Z'), which sorts.
+
+CREATE TABLE IF NOT EXISTS accounts (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    role        TEXT NOT NULL CHECK (role IN ('admin', 'member')),
+    created_at  TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS api_keys (
+    id          TEXT PRIMARY KEY,
+    account_id  TEXT NOT NULL REFERENCES accounts(id),
+    key_hash    TEXT NOT NULL UNIQUE,          -- SHA-256 hex of the key; the key itself is never stored
+    prefix      TEXT NOT NULL,                 -- first characters, to tell keys apart in `keys list`
+    created_at  TEXT NOT NULL,
+    revoked_at  TEXT
+);
+
+CREATE TABLE IF NOT EXISTS agents (
+    id                TEXT PRIMARY KEY,
+    account_id        TEXT NOT NULL REFERENCES accounts(id),
+    name              TEXT NOT NULL,
+    description       TEXT NOT NULL DEFAULT '',
+    wallet_address    TEXT,
+    webhook_url       TEXT,
+    webhook_secret    TEXT NOT NULL,
+    webhook_format    TEXT NOT NULL DEFAULT 'json' CHECK (webhook_format IN ('json', 'slack', 'discord', 'telegram')),
+    webhook_disabled_at TEXT,                       -- set when the receiver answered 410 Gone
+    capabilities      TEXT NOT NULL DEFAULT '{}',   -- JSON
+    pricing           TEXT NOT NULL DEFAULT '{}',   -- JSON
+    reputation        INTEGER NOT NULL DEFAULT 0 CHECK (reputation >= 0),  -- hundredths
+    created_at        TEXT NOT NULL,
+    updated_at        TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS agents_account ON agents(account_id);
+CREATE INDEX IF NOT EXISTS agents_reputation ON agents(reputation DESC, created_at);
+
+CREATE TABLE IF NOT EXISTS reputation_events (
+    id           TEXT PRIMARY KEY,
+    agent_id     TEXT NOT NULL REFERENCES agents(id),
+    delta        INTEGER NOT NULL,              -- nominal change, hundredths
+    reason       TEXT NOT NULL,
+    job_id       TEXT REFERENCES jobs(id),
+    claim_id     TEXT REFERENCES claims(id),
+    score_after  INTEGER NOT NULL,
+    created_at   TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reputation_events_agent ON reputation_events(agent_id, created_at);
+
+-- seq is the rowid (an INTEGER PRIMARY KEY never changes, not even in VACUUM): the order in which jobs
+-- were posted, the full-text index's key and the stream's resume point.
+CREATE TABLE IF NOT EXISTS jobs (
+    seq                       INTEGER PRIMARY KEY,
+    id                        TEXT NOT NULL UNIQUE,
+    status                    TEXT NOT NULL CHECK (status IN
+        ('open', 'claimed', 'delivered', 'disputed', 'completed', 'rejected', 'refunded',
+         'expired', 'cancelled')),
+    title                     TEXT NOT NULL,
+    description               TEXT NOT NULL,
+    category                  TEXT NOT NULL,
+    amount_cents              INTEGER NOT NULL CHECK (amount_cents > 0),   -- the price, in cents of the currency
+    currency                  TEXT NOT NULL CHECK (currency IN ('USDC', 'USD')),
+    rail                      TEXT NOT NULL CHECK (rail IN ('base', 'stripe')),
+    requester_id              TEXT NOT NULL REFERENCES accounts(id),
+    requirements              TEXT NOT NULL DEFAULT '{}',   -- JSON object
+    acceptance_criteria       TEXT NOT NULL DEFAULT '[]',   -- JSON array
+    max_workers               INTEGER NOT NULL DEFAULT 1,
+    competition_mode          TEXT NOT NULL DEFAULT 'first-wins',
+    deadline                  TEXT NOT NULL,
+    verification_window_hours INTEGER NOT NULL DEFAULT 24,
+    min_reputation            INTEGER NOT NULL DEFAULT 0,   -- hundredths
+    escrow_status             TEXT NOT NULL CHECK (escrow_status IN ('locked', 'released', 'refunded')),
+    escrow_tx_hash            TEXT,                         -- on chain: the funding transfer
+    refund_address            TEXT,                         -- on chain: who funded it, and gets refunds
+    created_at                TEXT NOT NULL,
+    updated_at                TEXT NOT NULL
+);
+-- Lists filter by status and category and sort by seq (newest, oldest), pay or deadline: each index below
+-- serves one filter with its sorts in index order (an index ends in seq, the rowid), so a page of 50 stops
+-- after 50 entries instead of sorting every open job (make bench).
+CREATE INDEX IF NOT EXISTS jobs_status ON jobs(status);
+CREATE INDEX IF NOT EXISTS jobs_status_amount ON jobs(status, amount_cents);
+CREATE INDEX IF NOT EXISTS jobs_status_deadline ON jobs(status, deadline);
+CREATE INDEX IF NOT EXISTS jobs_category ON jobs(category);
+CREATE INDEX IF NOT EXISTS jobs_category_amount ON jobs(category, amount_cents);
+CREATE INDEX IF NOT EXISTS jobs_category_status ON jobs(category, status);
+CREATE INDEX IF NOT EXISTS jobs_category_status_amount ON jobs(category, status, amount_cents);
+CREATE INDEX IF NOT EXISTS jobs_created ON jobs(created_at);
+CREATE INDEX IF NOT EXISTS jobs_amount ON jobs(amount_cents);
+CREATE INDEX IF NOT EXISTS jobs_requester ON jobs(requester_id);
+CREATE INDEX IF NOT EXISTS jobs_deadline ON jobs(deadline);
+
+-- Full-text search over titles and descriptions, kept in step with jobs by the triggers below.
+CREATE VIRTUAL TABLE IF NOT EXISTS jobs_fts USING fts5(
+    title, description, content = 'jobs', content_rowid = 'seq', tokenize = 'unicode61 remove_diacritics 2');
+CREATE TRIGGER IF NOT EXISTS jobs_fts_insert AFTER INSERT ON jobs BEGIN
+    INSERT INTO jobs_fts (rowid, title, description) VALUES (new.seq, new.title, new.description);
+END;
+CREATE TRIGGER IF NOT EXISTS jobs_fts_delete AFTER DELETE ON jobs BEGIN
+    INSERT INTO jobs_fts (jobs_fts, rowid, title, description) VALUES ('delete', old.seq, old.title, old.description);
+END;
+CREATE TRIGGER IF NOT EXISTS jobs_fts_update AFTER UPDATE OF title, description ON jobs BEGIN
+    INSERT INTO jobs_fts (jobs_fts, rowid, title, description) VALUES ('delete', old.seq, old.title, old.description);
+    INSERT INTO jobs_fts (rowid, title, description) VALUES (new.seq, new.title, new.description);
+END;
+
+-- The number of jobs of each category in each status, kept exact by triggers in the transaction that changes
+-- a job: a list's total filtered by category and status reads a few rows instead of counting every match.
+CREATE TABLE IF NOT EXISTS job_counts (
+    category TEXT NOT NULL,
+    status   TEXT NOT NULL,
+    jobs     INTEGER NOT NULL CHECK (jobs >= 0),
+    PRIMARY KEY (category, status)
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS job_counts_insert AFTER INSERT ON jobs BEGIN
+    INSERT INTO job_counts (category, status, jobs) VALUES (new.category, new.status, 1)
+        ON CONFLICT (category, status) DO UPDATE SET jobs = jobs + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS job_counts_delete AFTER DELETE ON jobs BEGIN
+    UPDATE job_counts SET jobs = jobs - 1 WHERE category = old.category AND status = old.status;
+END;
+CREATE TRIGGER IF NOT EXISTS job_counts_update AFTER UPDATE OF category, status ON jobs
+    WHEN new.category != old.category OR new.status != old.status BEGIN
+    UPDATE job_counts SET jobs = jobs - 1 WHERE category = old.category AND status = old.status;
+    INSERT INTO job_counts (category, status, jobs) VALUES (new.category, new.status, 1)
+        ON CONFLICT (category, status) DO UPDATE SET jobs = jobs + 1;
+END;
+
+CREATE TABLE IF NOT EXISTS claims (
+    id             TEXT PRIMARY KEY,
+    job_id         TEXT NOT NULL REFERENCES jobs(id),
+    agent_id       TEXT NOT NULL REFERENCES agents(id),
+    status         TEXT NOT NULL CHECK (status IN
+        ('claimed', 'delivered', 'approved', 'rejected', 'disputed', 'expired', 'superseded')),
+    deliverable    TEXT,                        -- JSON object once delivered
+    delivered_at   TEXT,
+    verified_at    TEXT,
+    verification_reason TEXT,                   -- the requester's reason, when given
+    auto_approved  INTEGER NOT NULL DEFAULT 0,
+    created_at     TEXT NOT NULL,
+    updated_at     TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS claims_job ON claims(job_id, status);
+CREATE INDEX IF NOT EXISTS claims_agent ON claims(agent_id, created_at);
+
+-- A payment record is one movement of money; its two ledger entries are the double entry.
+CREATE TABLE IF NOT EXISTS payments (
+    seq         INTEGER PRIMARY KEY,            -- the order money moved in
+    id          TEXT NOT NULL UNIQUE,
+    job_id      TEXT NOT NULL REFERENCES jobs(id),
+    claim_id    TEXT REFERENCES claims(id),
+    type        TEXT NOT NULL CHECK (type IN ('escrow', 'release', 'refund', 'fee')),
+    amount      INTEGER NOT NULL CHECK (amount >= 0),
+    currency    TEXT NOT NULL,
+    rail        TEXT NOT NULL,
+    status      TEXT NOT NULL,                  -- simulated | pending | confirmed | failed
+    recipient   TEXT,
+    tx_hash     TEXT,
+    raw_tx      TEXT,                           -- on chain: the signed transfer, stored before it is sent
+    nonce       INTEGER,                        -- on chain: its nonce (one per payout, never reused)
+    broadcast_at TEXT,                          -- on chain: when the node first took it
+    created_at  TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS payments_pending ON payments(status) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS payments_job ON payments(job_id, created_at);
+
+-- Ledger accounts: 'funding:<account id>' (where a requester's money comes from and returns to),
+-- 'escrow:<job id>', 'worker:<agent id>', 'fees'. Each payment writes one debit and one credit.
+CREATE TABLE IF NOT EXISTS ledger_entries (
+    id          INTEGER PRIMARY KEY,
+    payment_id  TEXT NOT NULL REFERENCES payments(id),
+    job_id      TEXT NOT NULL REFERENCES jobs(id),
+    account     TEXT NOT NULL,
+    amount      INTEGER NOT NULL,               -- positive credits the account, negative debits it
+    currency    TEXT NOT NULL,
+    created_at  TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ledger_entries_job ON ledger_entries(job_id);
+CREATE INDEX IF NOT EXISTS ledger_entries_account ON ledger_entries(account);
+
+CREATE TABLE IF NOT EXISTS disputes (
+    id              TEXT PRIMARY KEY,
+    job_id          TEXT NOT NULL REFERENCES jobs(id),
+    claim_id        TEXT NOT NULL UNIQUE REFERENCES claims(id),   -- one dispute per claim, ever
+    status          TEXT NOT NULL CHECK (status IN ('open', 'resolved')),
+    reason          TEXT NOT NULL,
+    outcome         TEXT CHECK (outcome IN ('requester', 'worker')),
+    resolution      TEXT,
+    resolved_by     TEXT,
+    required_votes  INTEGER NOT NULL,
+    created_at      TEXT NOT NULL,
+    resolved_at     TEXT
+);
+CREATE INDEX IF NOT EXISTS disputes_status ON disputes(status, created_at);
+CREATE INDEX IF NOT EXISTS disputes_job ON disputes(job_id);
+
+-- An arbitrator belongs to the account that may vote with it; agent arbitrators also name their agent.
+CREATE TABLE IF NOT EXISTS arbitrators (
+    id              TEXT PRIMARY KEY,
+    account_id      TEXT NOT NULL REFERENCES accounts(id),
+    agent_id        TEXT UNIQUE REFERENCES agents(id),
+    name            TEXT NOT NULL,
+    wallet_address  TEXT NOT NULL,
+    status          TEXT NOT NULL CHECK (status IN ('active', 'suspended')),
+    created_at      TEXT NOT NULL,
+    updated_at      TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS votes (
+    id              TEXT PRIMARY KEY,
+    dispute_id      TEXT NOT NULL REFERENCES disputes(id),
+    arbitrator_id   TEXT NOT NULL REFERENCES arbitrators(id),
+    vote            TEXT NOT NULL CHECK (vote IN ('requester', 'worker')),
+    reasoning       TEXT NOT NULL DEFAULT '',
+    created_at      TEXT NOT NULL,
+    UNIQUE (dispute_id, arbitrator_id)
+);
+CREATE INDEX IF NOT EXISTS votes_arbitrator ON votes(arbitrator_id);
+
+-- Every on-chain payment the service accepted: a transaction hash pays for one thing only, ever.
+CREATE TABLE IF NOT EXISTS used_payments (
+    chain_id    INTEGER NOT NULL,
+    tx_hash     TEXT NOT NULL,                  -- lowercase
+    purpose     TEXT NOT NULL CHECK (purpose IN ('escrow', 'x402')),
+    account_id  TEXT REFERENCES accounts(id),
+    job_id      TEXT REFERENCES jobs(id),
+    created_at  TEXT NOT NULL,
+    PRIMARY KEY (chain_id, tx_hash)
+);
+
+-- A wallet that pays x402 calls with a signed authorization acts as an account of its own, made on its first one.
+CREATE TABLE IF NOT EXISTS wallet_accounts (
+    address     TEXT PRIMARY KEY,               -- checksummed
+    account_id  TEXT NOT NULL UNIQUE REFERENCES accounts(id),
+    created_at  TEXT NOT NULL
+);
+
+-- Every x402 payment taken: form 'proof' (a USDC transfer already made) or 'authorization' (an EIP-3009
+-- transferWithAuthorization the service settles: signed by the escrow wallet as relayer, stored, then sent, like a
+-- payout; or settled by the facilitator). A paid call is answered once: granted_at is set in the transaction that
+-- answers it. x402 income is the operator's, kept out of the jobs' escrow ledger.
+CREATE TABLE IF NOT EXISTS x402_payments (
+    seq                  INTEGER PRIMARY KEY,
+    id                   TEXT NOT NULL UNIQUE,
+    form                 TEXT NOT NULL CHECK (form IN ('proof', 'authorization')),
+    endpoint             TEXT NOT NULL,         -- what it paid for: 'GET /api/jobs/match'
+    chain_id             INTEGER NOT NULL,
+    asset                TEXT NOT NULL,
+    payer                TEXT NOT NULL,
+    amount               INTEGER NOT NULL CHECK (amount >= 0),    -- USDC base units
+    authorization_nonce  TEXT,                  -- form 2: the EIP-3009 nonce, lowercase
+    tx_hash              TEXT,                  -- the proof's transfer, or the settlement
+    status               TEXT NOT NULL CHECK (status IN ('pending', 'confirmed', 'failed')),
+    raw_tx               TEXT,                  -- a settlement sent by the service: as for payouts
+    nonce                INTEGER,
+    broadcast_at         TEXT,
+    account_id           TEXT REFERENCES accounts(id),    -- the payer's account the call ran as (form 2 only)
+    granted_at           TEXT,
+    created_at           TEXT NOT NULL,
+    UNIQUE (chain_id, asset, payer, authorization_nonce)
+);
+CREATE INDEX IF NOT EXISTS x402_payments_pending ON x402_payments(status) WHERE status = 'pending';
+
+-- Small counters: 'next_nonce' of the escrow wallet, allocated one payout or settlement at a time.
+CREATE TABLE IF NOT EXISTS chain_state (
+    name   TEXT PRIMARY KEY,
+    value  INTEGER NOT NULL
+);
+
+-- The webhook outbox: each event is written in the transaction of the change that causes it, then a
+-- background greenlet delivers it (at least once). The id is the X-Service-Delivery / webhook-id header.
+CREATE TABLE IF NOT EXISTS webhook_deliveries (
+    id                TEXT PRIMARY KEY,
+    agent_id          TEXT NOT NULL REFERENCES agents(id),
+    event             TEXT NOT NULL,
+    payload           TEXT NOT NULL,            -- the JSON body of SPEC.md, as first written
+    status            TEXT NOT NULL CHECK (status IN ('pending', 'delivered', 'failed')),
+    attempts          INTEGER NOT NULL DEFAULT 0,
+    last_status_code  INTEGER,
+    last_error        TEXT,
+    next_attempt_at   TEXT,                     -- when pending: the earliest time of the next attempt
+    created_at        TEXT NOT NULL,
+    updated_at        TEXT NOT NULL,
+    delivered_at      TEXT
+);
+CREATE INDEX IF NOT EXISTS webhook_deliveries_due ON webhook_deliveries(status, next_attempt_at);
+CREATE INDEX IF NOT EXISTS webhook_deliveries_agent ON webhook_deliveries(agent_id, created_at);
+
+PRAGMA user_version = 3;
