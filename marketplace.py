@@ -900,13 +900,23 @@ class OnChain:
             f"WHERE status = 'pending' AND raw_tx IS NOT NULL {condition}" for table in SIGNED_TABLES)
             + ' ORDER BY nonce')
 
-    def verify_funding(self, tx_hash, amount):
-        """The funding transfer of a job, checked on chain: (payer, amount moved). Network I/O."""
+    def verify_funding(self, tx_hash, amount, *, account_id, signature):
+        """The funding transfer of a job, checked on chain (one Transfer to escrow), then its signature by the
+        transfer's sender for this account: (payer, amount moved). Network I/O."""
+        from verifier.funding import check_funding_signature
         transfer = self.chain.verify_usdc_payment(
             tx_hash, chain_id=self.settings.chain_id, token=self.usdc, recipient=self.escrow_address,
             min_amount=amount, confirmations=self.settings.confirmations,
-            max_age_seconds=self.settings.payment_max_age, now=now().timestamp())
+            max_age_seconds=self.settings.payment_max_age, now=now().timestamp(), one_transfer=True)
+        check_funding_signature(signature, payer=transfer.payer, account=account_id, tx_hash=tx_hash,
+                                chain_id=self.settings.chain_id, escrow=self.escrow_address)
         return transfer
+
+    def funding_typed_data(self, account_id, tx_hash=None):
+        """What the sender of a job's funding signs for `account_id` (EIP-712 typed data, CONTRACT.md 18)."""
+        from verifier.funding import funding_typed_data
+        return funding_typed_data(account=account_id, tx_hash=tx_hash, chain_id=self.settings.chain_id,
+                                  escrow=self.escrow_address)
 
     def requirements(self, amount):
         """What a requester must send to fund a job of `amount` base units."""
@@ -1487,6 +1497,16 @@ def new_webhook_secret():
 WEBHOOK_FORMATS = ('json', 'slack', 'discord', 'telegram')
 
 
+def service_wallet_problem(address, settings):
+    """An agent's wallet must not be the service's own: the escrow address, nor the x402 address (CONTRACT.md 18)."""
+    own = {'the escrow address': settings.onchain and settings.onchain.escrow_address,
+           'the x402 payTo address': settings.x402_pay_to}
+    for name, wallet in own.items():
+        if wallet and wallet.lower() == address.lower():
+            return f'must not be {name} of this service'
+    return None
+
+
 def read_agent_body(body, settings, partial=False):
     """Validated agent fields from a POST /api/agents body (with `partial`, a PATCH: only those sent)."""
     form = Form(body)
@@ -1506,6 +1526,10 @@ def read_agent_body(body, settings, partial=False):
         problem = webhook_url_problem(agent['webhook_url'], settings.allow_private_webhooks)
         if problem:
             form.errors['webhookUrl'] = problem
+    if agent['wallet_address'] and 'walletAddress' not in form.errors:
+        problem = service_wallet_problem(agent['wallet_address'], settings)
+        if problem:
+            form.errors['walletAddress'] = problem
     form.done()
     if partial:
         names = {'name': 'name', 'description': 'description', 'walletAddress': 'wallet_address',
@@ -3756,12 +3780,13 @@ def get_jobs():
                      offset=offset)
 
 
-_TX_HASH = re.compile(r'^0x[0-9a-fA-F]{64}$')
+_TX_HASH = re.compile(r'0x[0-9a-fA-F]{64}')
 
 
 def job_funded_by(db, settings, tx_hash, account):
     """The job a funding hash already paid for, if this requester posted it; 409 payment_replayed if the
-    hash paid for anything else; None if it is unused."""
+    hash paid for anything else; None if it is unused. (No signature is asked again: the hash was bound to
+    this account when it funded the job, so the answer shows only what the account already owns.)"""
     used = used_payment(db, settings.chain_id, tx_hash)
     if used is None:
         return None
@@ -3771,22 +3796,41 @@ def job_funded_by(db, settings, tx_hash, account):
 
 
 def create_funded_job(svc, fields, body, account):
-    """POST /api/jobs on rail base in onchain mode: check the funding transfer, then create the job.
-    Returns (job, created)."""
+    """POST /api/jobs on rail base in onchain mode: check the funding transfer and its signature, then create
+    the job. Returns (job, created). Every payment error carries fundingTypedData, what to sign."""
+    tx_hash = body.get('escrowTxHash')
+    well_formed = tx_hash.lower() if isinstance(tx_hash, str) and _TX_HASH.fullmatch(tx_hash) else None
+    try:
+        return fund_job(svc, fields, body, account, well_formed)
+    except VerificationError as error:
+        refusal = payment_error(error)
+    except APIError as error:
+        if not error.code.startswith('payment_'):
+            raise
+        refusal = error
+    refusal.extra['fundingTypedData'] = svc.settings.onchain.funding_typed_data(account['id'], well_formed)
+    raise refusal
+
+
+def fund_job(svc, fields, body, account, tx_hash):
+    """create_funded_job's checks in order: the hash, its earlier use, the signature's form, the chain, the
+    signer; nothing is stored before they all pass."""
     onchain, db = svc.settings.onchain, svc.db
     amount = cents_to_units(fields['amount_cents'], fields['currency'])
-    tx_hash = body.get('escrowTxHash')
+    if body.get('escrowTxHash') is None:
+        raise APIError('Fund the job first: send the USDC to payTo, then post again with escrowTxHash and '
+                       'escrowSignature (fundingTypedData signed by the sender).', code='payment_required',
+                       status=402, extra={'paymentRequirements': onchain.requirements(amount)})
     if tx_hash is None:
-        raise APIError('Fund the job first: send the USDC to payTo, then post again with escrowTxHash.',
-                       code='payment_required', status=402, extra={'paymentRequirements': onchain.requirements(amount)})
-    if not isinstance(tx_hash, str) or not _TX_HASH.match(tx_hash):
         raise APIError('escrowTxHash must be a transaction hash: 0x and 64 hexadecimal digits.',
                        code='payment_invalid', fields={'escrowTxHash': 'must be 0x and 64 hex digits'})
-    tx_hash = tx_hash.lower()
     existing = job_funded_by(db, svc.settings, tx_hash, account)
     if existing:
         return existing, False
-    transfer = onchain.verify_funding(tx_hash, amount)        # network I/O, before any transaction
+    from verifier.funding import signature_bytes
+    signature = body.get('escrowSignature')
+    signature_bytes(signature)                    # missing or malformed: refused before asking the node
+    transfer = onchain.verify_funding(tx_hash, amount, account_id=account['id'], signature=signature)   # network
     funding = {'tx_hash': tx_hash, 'payer': transfer.payer, 'to': transfer.recipient, 'amount': transfer.amount}
     try:
         return create_job(db, svc.settings, fields, funding), True
@@ -4392,6 +4436,8 @@ SIGNED_MONEY_SCHEMA = {'type': 'string', 'pattern': r'^-?\d+\.\d{2}$', 'examples
 ADDRESS_SCHEMA = {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{40}$',
                   'description': 'An EVM address; mixed case must match its EIP-55 checksum.'}
 TX_HASH_SCHEMA = {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{64}$'}
+AGENT_WALLET_SCHEMA = dict(ADDRESS_SCHEMA, description='An EVM address (mixed case must match its EIP-55 checksum) '
+                           "that is not the service's escrow or x402 payTo address; it is paid on approval.")
 URL_SCHEMA = {'type': 'string', 'format': 'uri', 'maxLength': 2048, 'pattern': r'^[hH][tT][tT][pP][sS]?://[^/?#\s]+\S*$'}
 SHARE_SCHEMA = {'type': 'number', 'minimum': 0, 'maximum': 1}
 COUNT_SCHEMA = {'type': 'integer', 'minimum': 0}
@@ -4556,11 +4602,28 @@ API_SCHEMAS = {
                                                 'description': 'USDC base units (6 decimals).'},
             'asset': ADDRESS_SCHEMA, 'network': {'type': 'string'}, 'chainId': {'type': 'integer'},
         }, description='Only on 402 payment_required: what to send to fund the job.'),
+        'fundingTypedData': dict(schema_ref('FundingTypedData'), description='Only on a refused funding (POST '
+                                 '/api/jobs in onchain mode): what the transfer\'s sender signs as escrowSignature.'),
         'x402Version': {'type': 'integer', 'enum': [1], 'description': 'Only on the 402 of an x402-priced call.'},
         'accepts': {'type': 'array', 'items': schema_ref('X402Requirements'),
                     'description': 'Only on the 402 of an x402-priced call: how to pay for it.'},
         'checks': dict(schema_ref('X402Checks'), description='Only on the 402 of a refused x402 payment.'),
-    }, optional=['fields', 'paymentRequirements', 'x402Version', 'accepts', 'checks']),
+    }, optional=['fields', 'paymentRequirements', 'fundingTypedData', 'x402Version', 'accepts', 'checks']),
+    'FundingTypedData': closed_object({
+        'domain': closed_object({
+            'name': {'type': 'string', 'enum': ['Job Marketplace']}, 'version': {'type': 'string', 'enum': ['1']},
+            'chainId': {'type': 'integer'},
+            'verifyingContract': dict(ADDRESS_SCHEMA, description='The escrow address.')}),
+        'types': {'type': 'object', 'additionalProperties': {'type': 'array', 'items': closed_object({
+            'name': {'type': 'string'}, 'type': {'type': 'string'}})},
+                  'description': 'EIP712Domain and Funding(string account,bytes32 txHash).'},
+        'primaryType': {'type': 'string', 'enum': ['Funding']},
+        'message': closed_object({
+            'account': dict(UUID_SCHEMA, description="The posting account's id."),
+            'txHash': dict(nullable(TX_HASH_SCHEMA), description='The funding transfer; null when the request '
+                                                                 'carried no well-formed hash: fill it in.')}),
+    }, description='EIP-712 typed data (as eth_signTypedData_v4 and eth-account take it) binding a funding '
+                   'transfer to the account that posts it.'),
     'X402Requirements': closed_object({
         'scheme': {'type': 'string', 'enum': ['exact']},
         'network': {'type': 'string', 'enum': ['base', 'base-sepolia']},
@@ -4628,13 +4691,16 @@ API_SCHEMAS = {
         'verificationWindowHours': {'type': 'integer', 'minimum': 1, 'maximum': 720, 'default': 24},
         'escrowTxHash': dict(TX_HASH_SCHEMA, description='Onchain mode, rail base: the USDC transfer that funds the '
                                                        'job; ignored otherwise.'),
+        'escrowSignature': {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{130}$',
+                            'description': "With escrowTxHash: the transfer's sender's EIP-712 signature of "
+                                           'fundingTypedData (the account posting, the hash); ignored otherwise.'},
         'minReputation': {'type': ['number', 'string'], 'default': '0.00',
                           'description': 'Reputation an agent needs to claim, 0 to 1000000 (e.g. 10 or "10.00").'},
     }},
     'AgentCreate': {'type': 'object', 'required': ['name', 'walletAddress'], 'properties': {
         'name': {'type': 'string', 'minLength': 1, 'maxLength': 100},
         'description': {'type': 'string', 'maxLength': 2000, 'default': ''},
-        'walletAddress': ADDRESS_SCHEMA,
+        'walletAddress': AGENT_WALLET_SCHEMA,
         'webhookUrl': dict(URL_SCHEMA, description='Must not resolve to a loopback, private, link-local or '
                                                    'multicast address (unless --allow-private-webhooks).'),
         'webhookFormat': {'type': 'string', 'enum': list(WEBHOOK_FORMATS), 'default': 'json'},
@@ -4645,7 +4711,7 @@ API_SCHEMAS = {
                    'one) turns a webhook disabled by a 410 back on; null removes the webhook.', 'properties': {
         'name': {'type': 'string', 'minLength': 1, 'maxLength': 100},
         'description': {'type': ['string', 'null'], 'maxLength': 2000},
-        'walletAddress': ADDRESS_SCHEMA,
+        'walletAddress': AGENT_WALLET_SCHEMA,
         'webhookUrl': nullable(URL_SCHEMA),
         'webhookFormat': {'type': ['string', 'null'], 'enum': list(WEBHOOK_FORMATS) + [None]},
         'capabilities': nullable(CAPABILITIES_SCHEMA),
@@ -5025,9 +5091,11 @@ API_OPERATIONS = {
         'body': 'JobCreate', 'ok': (201, 'JobResult'), 'errors': (400, 401, 402, 403, 404, 409, 413, 429, 503),
         'also': {200: ('JobResult', 'On chain: the job this escrowTxHash already funded for this requester.')},
         'description': 'In onchain mode a job on rail base needs `escrowTxHash`, a USDC transfer to the escrow '
-                       'address for at least paymentAmount: 402 `payment_required` (with paymentRequirements), '
-                       '`payment_pending` (with Retry-After) or another payment code when it does not check out; '
-                       '409 `payment_replayed` when the hash paid for something else; 503 `chain_unavailable`.'},
+                       'address for at least paymentAmount in one Transfer, and `escrowSignature`, the EIP-712 '
+                       "signature of fundingTypedData by the transfer's sender: 402 `payment_required` (with "
+                       'paymentRequirements), `payment_signature_invalid`, `payment_pending` (with Retry-After) or '
+                       'another payment code when it does not check out; 409 `payment_replayed` when the hash paid '
+                       'for something else; 503 `chain_unavailable`. Every such refusal carries fundingTypedData.'},
     ('GET', '/api/jobs/search'): {
         'summary': 'Full-text search over job titles and descriptions', 'tags': ['Discovery', 'Jobs'],
         'query': [{'name': 'q', 'schema': {'type': 'string', 'maxLength': 500},

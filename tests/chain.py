@@ -291,3 +291,22 @@ def sign_authorization(key, to, value, valid_after=0, valid_before=None, nonce=N
             'authorization': {'from': account.address, 'to': message['to'], 'value': str(message['value']),
                               'validAfter': str(message['validAfter']), 'validBefore': str(message['validBefore']),
                               'nonce': nonce}}
+
+
+def funding_typed_data(account, tx_hash, escrow, chain_id=CHAIN_ID):
+    """The EIP-712 typed data that binds a job's funding transfer to the account posting it (CONTRACT.md 18),
+    written out here as a client would, independently of verifier/funding.py."""
+    return {'domain': {'name': 'Job Marketplace', 'version': '1', 'chainId': chain_id,
+                       'verifyingContract': Web3.to_checksum_address(escrow)},
+            'types': {'EIP712Domain': [{'name': 'name', 'type': 'string'}, {'name': 'version', 'type': 'string'},
+                                       {'name': 'chainId', 'type': 'uint256'},
+                                       {'name': 'verifyingContract', 'type': 'address'}],
+                      'Funding': [{'name': 'account', 'type': 'string'}, {'name': 'txHash', 'type': 'bytes32'}]},
+            'primaryType': 'Funding',
+            'message': {'account': account, 'txHash': tx_hash}}
+
+
+def sign_funding(key, account, tx_hash, escrow, chain_id=CHAIN_ID):
+    """escrowSignature: the funding's typed data for `account` and `tx_hash` signed by `key` ('0x' + 130 hex)."""
+    typed_data = funding_typed_data(account, tx_hash, escrow, chain_id)
+    return Account.sign_typed_data(key, full_message=typed_data).signature.to_0x_hex()

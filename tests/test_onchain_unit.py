@@ -16,18 +16,19 @@ import requests
 import responses
 
 # eth_account through chain.py first: it keeps the recursion limit as it was (see there).
-from chain import Account
+from chain import DEV_ADDRESSES, DEV_KEYS, Account, funding_typed_data, sign_funding
 from eth_utils import keccak
 from hexbytes import HexBytes
 
 import marketplace as mp
 from conftest import ADMIN_KEY, Client, Market, assert_error, job_body, make_account, make_agent
 from test_verifier import (BASE_CHAIN, ESCROW, ESCROW_KEY, NODE_URL, OTHER_TOKEN, PAYER, SOMEONE, USDC, FakeNode,
-                           block_hash_of, decode, make_receipt, transfer_data, tx_hash_of)
+                           block_hash_of, decode, make_receipt, transfer_data, transfer_log, tx_hash_of)
 from verifier.errors import ChainUnavailable, VerificationError
 
 TX_HASH = re.compile(r'^0x[0-9a-f]{64}$')
 NODE_NONCE = 7          # the escrow wallet's next nonce, as the fake node reports it
+PAYER_KEY = DEV_KEYS[1]     # PAYER's: FakeNode.pay's transfers come from it
 
 
 def onchain_settings(tmp_path, **overrides):
@@ -73,10 +74,14 @@ def db_of(market):
     return market.client.app.service.db
 
 
-def post_job(market, tx_hash=None, key=None, **overrides):
+def post_job(market, tx_hash=None, key=None, account=None, signer=PAYER_KEY, **overrides):
+    """POST /api/jobs by `key` (the market's requester by default) with `tx_hash`, signed by `signer` (the
+    payer's key; None sends no escrowSignature) for `account` (the key's account, the requester's by default)."""
     body = job_body(**overrides)
     if tx_hash is not None:
         body['escrowTxHash'] = tx_hash
+        if signer is not None and isinstance(tx_hash, str) and TX_HASH.fullmatch(tx_hash.lower()):
+            body['escrowSignature'] = sign_funding(signer, (account or market.requester)['id'], tx_hash, ESCROW)
     return market.client.post('/api/jobs', body, key=key or market.requester_key)
 
 
@@ -232,14 +237,17 @@ def test_a_base_job_without_escrow_tx_hash_gets_402_payment_required(market, nod
     body = assert_error(answer, 402, 'payment_required')
     assert body['paymentRequirements'] == {'payTo': ESCROW, 'amount': '25000000', 'asset': USDC,
                                            'network': 'base', 'chainId': 8453}
+    assert body['fundingTypedData'] == funding_typed_data(market.requester['id'], None, ESCROW)
     assert post_job(market, paymentAmount='0.01').json['paymentRequirements']['amount'] == '10000'
     assert count_jobs(market) == 0
     assert node.count('eth_getTransactionReceipt') == 0
 
 
-@pytest.mark.parametrize('bad', ['0x1234', 'a' * 64, '0x' + 'g' * 64, '0x' + 'a' * 65, 12, ['0x' + 'a' * 64], ''])
+@pytest.mark.parametrize('bad', ['0x1234', 'a' * 64, '0x' + 'g' * 64, '0x' + 'a' * 65, 12, ['0x' + 'a' * 64], '',
+                                 '0x' + 'a' * 64 + '\n'])
 def test_a_malformed_escrow_tx_hash_is_400_payment_invalid(market, node, bad):
-    assert_error(post_job(market, bad), 400, 'payment_invalid', fields=['escrowTxHash'])
+    body = assert_error(post_job(market, bad), 400, 'payment_invalid', fields=['escrowTxHash'])
+    assert body['fundingTypedData'] == funding_typed_data(market.requester['id'], None, ESCROW)
     assert count_jobs(market) == 0
     assert node.count('eth_getTransactionReceipt') == 0
 
@@ -280,8 +288,11 @@ def test_posting_the_same_hash_again_gives_the_same_job_to_its_requester_only(ma
     assert again.status == 200, again
     assert again.json['job']['id'] == first.json['job']['id']
     assert post_job(market, '0x' + tx_hash[2:].upper()).json['job']['id'] == first.json['job']['id']
-    _, other_key = make_account(market.client, 'other requester')
-    assert_error(post_job(market, tx_hash, key=other_key), 409, 'payment_replayed')
+    other, other_key = make_account(market.client, 'other requester')
+    body = assert_error(post_job(market, tx_hash, key=other_key, account=other), 409, 'payment_replayed')
+    assert body['fundingTypedData'] == funding_typed_data(other['id'], tx_hash, ESCROW)
+    again = post_job(market, tx_hash, signer=None)              # its requester needs no signature to get it back
+    assert (again.status, again.json['job']['id']) == (200, first.json['job']['id'])
     assert count_jobs(market) == 1
     assert db_of(market).value('SELECT count(*) FROM payments') == 1
     assert node.count('eth_getTransactionReceipt') == 1          # checked on chain once, when it was new
@@ -291,8 +302,9 @@ def test_a_hash_that_funded_a_job_cannot_fund_another_one_even_for_another_price
     tx_hash = node.pay(50_000_000)
     first = post_job(market, tx_hash, paymentAmount='25.00')
     assert first.status == 201, first
-    _, other_key = make_account(market.client, 'other requester')
-    assert_error(post_job(market, tx_hash, key=other_key, paymentAmount='25.00'), 409, 'payment_replayed')
+    other, other_key = make_account(market.client, 'other requester')
+    assert_error(post_job(market, tx_hash, key=other_key, account=other, paymentAmount='25.00'), 409,
+                 'payment_replayed')
     assert count_jobs(market) == 1
 
 
@@ -323,6 +335,7 @@ def test_each_bad_funding_has_its_code_and_creates_no_job(market, node, case):
     tx_hash = node.pay(**overrides)
     body = assert_error(post_job(market, tx_hash), 402, code)
     assert 'paymentRequirements' not in body
+    assert body['fundingTypedData'] == funding_typed_data(market.requester['id'], tx_hash, ESCROW)
     assert count_jobs(market) == 0
     assert db_of(market).value('SELECT count(*) FROM used_payments') == 0
     assert db_of(market).value('SELECT count(*) FROM payments') == 0
@@ -354,10 +367,116 @@ def test_a_node_that_is_down_is_503_chain_unavailable_and_no_job(market, node, f
     node.calls.clear()
     node.fail = failure
     answer = post_job(market, tx_hash_of('any'))
-    assert_error(answer, 503, 'chain_unavailable')
+    body = assert_error(answer, 503, 'chain_unavailable')
+    assert body['fundingTypedData'] == funding_typed_data(market.requester['id'], tx_hash_of('any'), ESCROW)
     assert answer.headers['Retry-After'] == '5'
     assert count_jobs(market) == 0
     assert node.methods() == ['eth_getTransactionReceipt']
+
+
+# ----- the funding signature (CONTRACT.md 18): a hash alone is no proof of whose money it is -----
+
+def assert_refused_unused(market, answer, tx_hash, account=None, status=402, code='payment_signature_invalid'):
+    """Refused with fundingTypedData for `account` and the hash; nothing stored, the hash still unused."""
+    body = assert_error(answer, status, code)
+    assert body['fundingTypedData'] == funding_typed_data((account or market.requester)['id'], tx_hash, ESCROW)
+    assert count_jobs(market) == 0
+    assert db_of(market).value('SELECT count(*) FROM used_payments') == 0
+    assert db_of(market).value('SELECT count(*) FROM payments') == 0
+    return body
+
+
+def test_a_funding_without_a_signature_is_refused_before_the_node_is_asked(market, node):
+    tx_hash = node.pay(25_000_000)
+    assert_refused_unused(market, post_job(market, tx_hash, signer=None), tx_hash)
+    assert node.count('eth_getTransactionReceipt') == 0
+    answer = post_job(market, tx_hash)                          # its owner can still post it, signed
+    assert answer.status == 201, answer
+    assert answer.json['job']['requesterId'] == market.requester['id']
+
+
+@pytest.mark.parametrize('bad', [None, 12, '', '0x1234', '0x' + 'ab' * 64, '0x' + 'ab' * 66, '0x' + 'zz' * 65,
+                                 '0x' + '11' * 64 + '1d', '0x' + '11' * 32 + 'ff' * 32 + '1b', '0x' + '00' * 65])
+def test_a_malformed_signature_is_payment_signature_invalid(market, node, bad):
+    tx_hash = node.pay(25_000_000)
+    body = job_body(escrowTxHash=tx_hash, escrowSignature=bad)
+    answer = market.client.post('/api/jobs', body, key=market.requester_key)
+    assert_refused_unused(market, answer, tx_hash)
+
+
+def test_a_signature_by_anyone_but_the_transfers_sender_is_refused(market, node):
+    tx_hash = node.pay(25_000_000)                              # sent by PAYER
+    assert_refused_unused(market, post_job(market, tx_hash, signer=DEV_KEYS[2]), tx_hash)      # SOMEONE's key
+    assert_refused_unused(market, post_job(market, tx_hash, signer=ESCROW_KEY), tx_hash)       # the escrow's
+    assert post_job(market, tx_hash).status == 201
+
+
+def test_a_payers_signature_binds_the_account_it_names(market, node):
+    """A stranger who copies the payer's signature for the requester gets nothing: it names another account."""
+    tx_hash = node.pay(25_000_000)
+    stranger, stranger_key = make_account(market.client, 'stranger')
+    signed_for_requester = sign_funding(PAYER_KEY, market.requester['id'], tx_hash, ESCROW)
+    answer = market.client.post('/api/jobs', job_body(escrowTxHash=tx_hash, escrowSignature=signed_for_requester),
+                                key=stranger_key)
+    assert_refused_unused(market, answer, tx_hash, account=stranger)
+    answer = post_job(market, tx_hash, account=stranger)        # the requester, with a signature for the stranger
+    assert_refused_unused(market, answer, tx_hash)
+    for other in (tx_hash_of('another transfer'), '0x' + 'ab' * 32):      # a signature of another hash
+        signed = sign_funding(PAYER_KEY, market.requester['id'], other, ESCROW)
+        answer = market.client.post('/api/jobs', job_body(escrowTxHash=tx_hash, escrowSignature=signed),
+                                    key=market.requester_key)
+        assert_refused_unused(market, answer, tx_hash)
+    answer = market.client.post('/api/jobs', job_body(escrowTxHash=tx_hash, escrowSignature=signed_for_requester),
+                                key=market.requester_key)
+    assert answer.status == 201, answer
+    assert_error(post_job(market, tx_hash, key=stranger_key, account=stranger), 409, 'payment_replayed')
+
+
+def test_an_admin_posting_for_someone_signs_for_its_own_account(market, node):
+    """`account` is the caller's id: an admin posting on behalf of a requester has the payer sign for the admin."""
+    admin_id = db_of(market).value("SELECT id FROM accounts WHERE role = 'admin'")
+    tx_hash = node.pay(25_000_000)
+    on_behalf = dict(requesterId=market.requester['id'])
+    answer = post_job(market, tx_hash, key=ADMIN_KEY, **on_behalf)          # signed for the requester
+    assert_refused_unused(market, answer, tx_hash, account={'id': admin_id})
+    answer = post_job(market, tx_hash, key=ADMIN_KEY, account={'id': admin_id}, **on_behalf)
+    assert answer.status == 201, answer
+    assert answer.json['job']['requesterId'] == market.requester['id']
+
+
+@pytest.mark.parametrize('second_sender', [PAYER, SOMEONE])
+def test_a_funding_with_several_transfers_to_escrow_is_payment_invalid(market, node, second_sender):
+    """Only one sender can be refunded: a transaction moving USDC to escrow twice is refused, even with a
+    valid signature by the first sender."""
+    receipt = make_receipt(logs=[transfer_log(USDC, PAYER, ESCROW, 25_000_000),
+                                 transfer_log(USDC, second_sender, ESCROW, 25_000_000)],
+                           tx_hash=tx_hash_of(f'two transfers from {second_sender}'))
+    tx_hash = node.add(receipt)
+    assert_refused_unused(market, post_job(market, tx_hash), tx_hash, status=400, code='payment_invalid')
+
+
+def test_a_funding_with_one_transfer_to_escrow_among_others_is_accepted(market, node):
+    receipt = make_receipt(logs=[transfer_log(USDC, PAYER, SOMEONE, 5_000_000),
+                                 transfer_log(USDC, PAYER, ESCROW, 25_000_000)], tx_hash=tx_hash_of('one of two'))
+    answer = post_job(market, node.add(receipt))
+    assert answer.status == 201, answer
+
+
+# ----- agent wallets are never the service's own -----
+
+@pytest.mark.parametrize('wallet', [ESCROW, ESCROW.lower(), DEV_ADDRESSES[3]])
+def test_an_agent_wallet_equal_to_the_escrow_or_x402_address_is_refused(started, node, wallet):
+    market = Market(Client(started(x402_pay_to=DEV_ADDRESSES[3])))
+    client, key = market.client, market.worker_key
+    expected = 'must not be the escrow address of this service' if wallet != DEV_ADDRESSES[3] else \
+        'must not be the x402 payTo address of this service'
+    body = {'name': 'thief', 'walletAddress': wallet}
+    for answer in (client.post('/api/agents', body, key=key), client.post('/api/agents/register', body),
+                   client.patch(f'/api/agents/{market.agent["id"]}', {'walletAddress': wallet}, key=key)):
+        refused = assert_error(answer, 400, 'validation_failed', fields=['walletAddress'])
+        assert refused['fields']['walletAddress'] == expected
+    assert db_of(market).value('SELECT count(*) FROM agents') == 1
+    assert db_of(market).value('SELECT wallet_address FROM agents') == market.agent['walletAddress']
 
 
 def test_a_usd_job_on_rail_stripe_stays_simulated(market, node):

@@ -14,7 +14,7 @@ import requests
 import responses
 
 # web3 and eth_account come through chain.py, which keeps the recursion limit as it was (see there).
-from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, Account
+from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, Account, funding_typed_data, sign_funding
 from eth_account.typed_transactions import TypedTransaction
 from eth_utils import keccak
 from hexbytes import HexBytes
@@ -23,6 +23,8 @@ from verifier.chain import Chain, plain_receipt
 from verifier.checks import (TRANSFER_TOPIC, Transfer, check_canonical, check_chain_id, check_confirmations,
                              check_fresh, check_succeeded, check_usdc_transfer, usdc_transfers)
 from verifier.errors import ChainUnavailable, VerificationError
+from verifier.funding import check_funding_signature
+from verifier.funding import funding_typed_data as server_typed_data
 from verifier.payouts import TRANSFER, TRANSFER_GAS, escrow_address, sign_usdc_transfer
 
 NODE_URL = 'http://node.test/'
@@ -151,6 +153,22 @@ def test_the_payer_filter_adds_up_only_that_payers_transfers():
     assert code_of(raised) == 'payment_insufficient'
     assert check_usdc_transfer(receipt, token=USDC, recipient=ESCROW,
                                min_amount=40_000_000) == Transfer(PAYER, ESCROW, 40_000_000)
+
+
+@pytest.mark.parametrize('second_payer', [PAYER, SOMEONE])
+def test_one_transfer_refuses_several_transfers_to_the_recipient(second_payer):
+    """A job's funding: only one sender can be refunded, so a second Transfer to escrow is payment_invalid."""
+    receipt = make_receipt(logs=[transfer_log(USDC, PAYER, ESCROW, 25_000_000),
+                                 transfer_log(USDC, second_payer, ESCROW, 1)])
+    with pytest.raises(VerificationError) as raised:
+        check_usdc_transfer(receipt, token=USDC, recipient=ESCROW, min_amount=1, one_transfer=True)
+    assert code_of(raised) == 'payment_invalid'
+    assert check_usdc_transfer(receipt, token=USDC, recipient=ESCROW, min_amount=1).amount == 25_000_001
+    others = make_receipt(logs=[transfer_log(USDC, PAYER, SOMEONE, 50_000_000),       # not to escrow
+                                transfer_log(OTHER_TOKEN, PAYER, ESCROW, 50_000_000),  # another token
+                                transfer_log(USDC, PAYER, ESCROW, 25_000_000)])
+    assert check_usdc_transfer(others, token=USDC, recipient=ESCROW, min_amount=25_000_000,
+                               one_transfer=True) == Transfer(PAYER, ESCROW, 25_000_000)
 
 
 def test_mixed_case_and_lowercase_addresses_compare_equal_checksummed():
@@ -304,6 +322,90 @@ def test_a_bad_recipient_or_token_is_a_verification_error(bad):
     with pytest.raises(VerificationError) as raised:
         sign(**bad)
     assert code_of(raised) == 'payment_invalid'
+
+
+# ----- the funding signature (verifier/funding.py) -----
+
+ACCOUNT = '5b1e8a0c-3f7d-4c2a-9e61-0d4b7a2c9f10'
+FUNDED = tx_hash_of('funding')
+PAYER_KEY = DEV_KEYS[1]
+
+
+def check_signature(signature, **overrides):
+    args = dict(payer=PAYER, account=ACCOUNT, tx_hash=FUNDED, chain_id=BASE_CHAIN, escrow=ESCROW)
+    args.update(overrides)
+    return check_funding_signature(signature, **args)
+
+
+def refused(signature, **overrides):
+    with pytest.raises(VerificationError) as raised:
+        check_signature(signature, **overrides)
+    assert type(raised.value) is VerificationError
+    assert code_of(raised) == 'payment_signature_invalid'
+    return raised.value
+
+
+def test_the_funding_typed_data_is_plain_json_as_a_client_writes_it():
+    typed_data = server_typed_data(account=ACCOUNT, tx_hash=FUNDED.upper().replace('0X', '0x'), chain_id=BASE_CHAIN,
+                                   escrow=ESCROW.lower())
+    assert typed_data == funding_typed_data(ACCOUNT, FUNDED, ESCROW)
+    assert json.loads(json.dumps(typed_data)) == typed_data
+    assert typed_data['domain'] == {'name': 'Job Marketplace', 'version': '1', 'chainId': 8453,
+                                    'verifyingContract': ESCROW}
+    assert typed_data['types']['Funding'] == [{'name': 'account', 'type': 'string'},
+                                              {'name': 'txHash', 'type': 'bytes32'}]
+    assert (typed_data['primaryType'], typed_data['message']) == ('Funding', {'account': ACCOUNT, 'txHash': FUNDED})
+    unsigned = server_typed_data(account=ACCOUNT, tx_hash=None, chain_id=84532, escrow=ESCROW)
+    assert unsigned['message'] == {'account': ACCOUNT, 'txHash': None}
+    assert unsigned['domain']['chainId'] == 84532
+
+
+def test_a_funding_signed_by_the_transfers_sender_recovers_to_it():
+    signature = sign_funding(PAYER_KEY, ACCOUNT, FUNDED, ESCROW)
+    assert check_signature(signature) == PAYER
+    assert check_signature(signature, payer=PAYER.lower(), escrow=ESCROW.lower(),
+                           tx_hash=FUNDED.upper().replace('0X', '0x')) == PAYER
+    raw = bytes.fromhex(signature[2:])
+    assert check_signature('0x' + (raw[:64] + bytes([raw[64] - 27])).hex()) == PAYER      # v as 0 or 1
+
+
+def test_a_funding_signed_by_anyone_else_is_refused():
+    assert PAYER in refused(sign_funding(DEV_KEYS[2], ACCOUNT, FUNDED, ESCROW)).message
+    refused(sign_funding(ESCROW_KEY, ACCOUNT, FUNDED, ESCROW))
+
+
+@pytest.mark.parametrize('signed, checked', [
+    ({'account': 'b0e0c1f5-0000-4000-8000-000000000000'}, {}),          # another account in the message
+    ({'tx_hash': tx_hash_of('another transfer')}, {}),                   # another transaction
+    ({'chain_id': 84532}, {}),                                           # another chain
+    ({'escrow': SOMEONE}, {}),                                           # another escrow address
+    ({}, {'account': ACCOUNT.upper()}),                                  # the account is compared exactly
+])
+def test_a_signature_of_other_terms_is_refused(signed, checked):
+    terms = dict(account=ACCOUNT, tx_hash=FUNDED, escrow=ESCROW, chain_id=BASE_CHAIN)
+    terms.update(signed)
+    signature = sign_funding(PAYER_KEY, terms['account'], terms['tx_hash'], terms['escrow'], terms['chain_id'])
+    refused(signature, **checked)
+
+
+GOOD_SIGNATURE = sign_funding(PAYER_KEY, ACCOUNT, FUNDED, ESCROW)
+
+
+@pytest.mark.parametrize('bad', [
+    None, 42, b'\x00' * 65, '', '0x', GOOD_SIGNATURE[2:], GOOD_SIGNATURE[:-2], GOOD_SIGNATURE + '00',
+    GOOD_SIGNATURE[:-1] + 'g', GOOD_SIGNATURE + '\n',
+    GOOD_SIGNATURE[:-2] + '1d',                                          # v 29
+    GOOD_SIGNATURE[:66] + 'ff' * 32 + GOOD_SIGNATURE[-2:],               # s in the upper half
+    '0x' + '00' * 64 + '1b',                                             # r = s = 0: recovers to no one
+])
+def test_a_malformed_signature_is_payment_signature_invalid_never_a_bare_error(bad):
+    refused(bad)
+
+
+@pytest.mark.parametrize('overrides', [{'tx_hash': None}, {'tx_hash': '0x1234'}, {'account': None},
+                                       {'escrow': 'nope'}])
+def test_malformed_terms_are_payment_signature_invalid(overrides):
+    refused(GOOD_SIGNATURE, **overrides)
 
 
 # ----- a fake JSON-RPC node (responses) -----

@@ -127,16 +127,17 @@ class Chain:
             raise ChainUnavailable(f'The node did not take the transaction ({type(exc).__name__}).') from None
 
     def verify_usdc_payment(self, tx_hash, *, chain_id, token, recipient, min_amount, payer=None,
-                            confirmations=1, max_age_seconds=None, now=None):
+                            confirmations=1, max_age_seconds=None, now=None, one_transfer=False):
         """Fetch a transaction and check it paid `recipient` at least `min_amount` USDC: found, succeeded, on
         `chain_id`, from the token contract, deep enough, still canonical, fresh. Returns the Transfer; the
         first failed check is raised, and nothing more is asked of the node after it."""
         return self.check_transfer(Checks(TRANSFER_CHECKS, first_only=True), tx_hash, chain_id=chain_id, token=token,
                                    recipient=recipient, min_amount=min_amount, payer=payer,
-                                   confirmations=confirmations, max_age_seconds=max_age_seconds, now=now)
+                                   confirmations=confirmations, max_age_seconds=max_age_seconds, now=now,
+                                   one_transfer=one_transfer)
 
     def check_transfer(self, checks, tx_hash, *, chain_id, token, recipient, min_amount, payer=None,
-                       confirmations=1, max_age_seconds=None, now=None):
+                       confirmations=1, max_age_seconds=None, now=None, one_transfer=False):
         """Run the TRANSFER_CHECKS of a USDC payment into `checks`; the Transfer if the money moved, else None."""
         receipt = self.receipt(tx_hash)
         if receipt is None:
@@ -151,7 +152,7 @@ class Chain:
         checks.run('chainId', check_chain_id, self.transaction_chain_id(tx_hash), chain_id)
         try:
             transfer = check_usdc_transfer(receipt, token=token, recipient=recipient, min_amount=min_amount,
-                                           payer=payer)
+                                           payer=payer, one_transfer=one_transfer)
         except VerificationError as error:      # check_usdc_transfer's steps, in order: which one failed
             transfer, failed = None, TRANSFER_STEPS.index(STEP_OF_CODE.get(error.code, 'token'))
             for step in TRANSFER_STEPS[:failed]:

@@ -63,8 +63,9 @@ def check_succeeded(receipt):
         raise VerificationError('The transaction reverted: it moved no money.', 'payment_reverted')
 
 
-def check_usdc_transfer(receipt, *, token, recipient, min_amount, payer=None):
-    """The USDC that `receipt` moved to `recipient` (from `payer`, if given), at least `min_amount`."""
+def check_usdc_transfer(receipt, *, token, recipient, min_amount, payer=None, one_transfer=False):
+    """The USDC that `receipt` moved to `recipient` (from `payer`, if given), at least `min_amount`. With
+    `one_transfer` (a job's funding: its one sender is refunded), several Transfers to `recipient` are refused."""
     check_succeeded(receipt)
     recipient = checksummed(recipient, 'recipient')
     transfers = usdc_transfers(receipt, token)
@@ -75,6 +76,9 @@ def check_usdc_transfer(receipt, *, token, recipient, min_amount, payer=None):
     if not to_recipient:
         raise VerificationError(f'The USDC went to {transfers[0].recipient}, not to {recipient}.',
                                 'payment_wrong_recipient')
+    if one_transfer and len(to_recipient) > 1:
+        raise VerificationError(f'The transaction moved USDC to {recipient} {len(to_recipient)} times; a funding '
+                                'must be one transfer from one sender.', 'payment_invalid')
     if payer is not None:
         payer = checksummed(payer, 'payer')
         to_recipient = [t for t in to_recipient if t.payer == payer]
