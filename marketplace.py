@@ -4436,8 +4436,8 @@ SIGNED_MONEY_SCHEMA = {'type': 'string', 'pattern': r'^-?\d+\.\d{2}$', 'examples
 ADDRESS_SCHEMA = {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{40}$',
                   'description': 'An EVM address; mixed case must match its EIP-55 checksum.'}
 TX_HASH_SCHEMA = {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{64}$'}
-AGENT_WALLET_SCHEMA = dict(ADDRESS_SCHEMA, description='An EVM address (mixed case must match its EIP-55 checksum) '
-                           "that is not the service's escrow or x402 payTo address; it is paid on approval.")
+AGENT_WALLET_SCHEMA = dict(ADDRESS_SCHEMA, description='An EVM address (mixed case must match its EIP-55 '
+                           "checksum), not the service's escrow or x402 payTo address; paid on approval.")
 URL_SCHEMA = {'type': 'string', 'format': 'uri', 'maxLength': 2048, 'pattern': r'^[hH][tT][tT][pP][sS]?://[^/?#\s]+\S*$'}
 SHARE_SCHEMA = {'type': 'number', 'minimum': 0, 'maximum': 1}
 COUNT_SCHEMA = {'type': 'integer', 'minimum': 0}

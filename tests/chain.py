@@ -8,6 +8,7 @@ chain id 8453, and TestUSDC (fixtures/TestUSDC.sol) placed at the real Base USDC
         chain.mint(payer.address, 25_000_000)   # 25 USDC (6 decimals)
         tx_hash = chain.transfer(payer.key, escrow_address, 25_000_000)   # '0x...' (mined)
         chain.balance(escrow_address)           # 25_000_000
+        sign_funding(payer.key, account_id, tx_hash, escrow_address)     # POST /api/jobs's escrowSignature
 
 Transactions are signed here with eth-account and sent raw (eth_sendRawTransaction), as the service
 does; the node auto-mines one block per transaction unless `automine(False)` or `block_time` is set.

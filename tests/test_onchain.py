@@ -1,28 +1,36 @@
 """Onchain mode end to end (CONTRACT.md 7, README "USDC on Base: onchain mode"): the real server as a process,
 a real local EVM (anvil, tests/chain.py) with TestUSDC at the Base USDC address, and real USDC transfers.
 
-Funding checks on chain, payouts and refunds that land in wallets, a crash between the commit and the
-broadcast (an RPC proxy that holds eth_sendRawTransaction), and a node that is down or on another chain.
+Funding checks on chain, a stranger who posts someone else's funding transfer (and the README's example of
+signing one), payouts and refunds that land in wallets, a crash between the commit and the broadcast (an RPC
+proxy that holds eth_sendRawTransaction), and a node that is down or on another chain.
 Every test uses the `usdc` fixture, so the chain is put back as it was after it. Only 127.0.0.1.
 """
 
 import json
+import os
+import re
 import secrets
+import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import requests
 
 import chain
 from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, Account  # web3/eth-account only through chain.py
-from conftest import LiveServer, free_port, job_body
+from conftest import ROOT, LiveServer, free_port, job_body
 from test_server import claim_and_deliver
 
 import marketplace as mp
 
+README = (ROOT / 'README.md').read_text()
 TIMEOUT = 20                # seconds for any one HTTP call: only to avoid hanging, never asserted
 ESCROW_KEY, ESCROW = DEV_KEYS[1], DEV_ADDRESSES[1]
 PAYER_KEY, PAYER = DEV_KEYS[2], DEV_ADDRESSES[2]
@@ -81,9 +89,13 @@ def call(server, method, path, body=None, key=None):
     return requests.request(method, server.url + path, json=body, headers=headers, timeout=TIMEOUT)
 
 
+ACCOUNT_OF_KEY = {}         # API key -> its account id, for the funding signatures
+
+
 def new_requester(server, name='requester'):
     answer = call(server, 'POST', '/api/accounts', {'name': name})
     assert answer.status_code == 201, answer.text
+    ACCOUNT_OF_KEY[answer.json()['apiKey']] = answer.json()['account']['id']
     return answer.json()['apiKey']
 
 
@@ -105,10 +117,13 @@ def pay_escrow(anvil, amount, to=ESCROW, token=USDC, confirm=True):
     return tx_hash
 
 
-def post_job(server, key, tx_hash=None, **overrides):
+def post_job(server, key, tx_hash=None, signer=PAYER_KEY, **overrides):
+    """POST /api/jobs with `tx_hash` and its escrowSignature by `signer` (None: no signature) for the key's account."""
     body = job_body(**overrides)
     if tx_hash is not None:
         body['escrowTxHash'] = tx_hash
+        if signer is not None:
+            body['escrowSignature'] = chain.sign_funding(signer, ACCOUNT_OF_KEY[key], tx_hash, ESCROW)
     return call(server, 'POST', '/api/jobs', body, key)
 
 
@@ -263,6 +278,96 @@ def test_each_bad_funding_transfer_is_refused_with_its_own_code(anvil, usdc, tmp
         assert again.json()['job']['escrowTxHash'] == fresh
         assert job_total(server) == 1
         assert [p['type'] for p in get_job(server, job['id'])['payments']] == ['escrow']
+
+
+# 2b. A funding transfer is not a bearer token ----------------------------------------
+
+def database_view(db_path):
+    """What a refused funding must leave as it was: jobs, used hashes, payments and every ledger entry."""
+    db = sqlite3.connect(f'file:{db_path}?mode=ro', uri=True)
+    try:
+        return {table: db.execute(f'SELECT * FROM {table} ORDER BY rowid').fetchall()
+                for table in ('jobs', 'used_payments', 'payments', 'ledger_entries')}
+    finally:
+        db.close()
+
+
+def test_a_stranger_cannot_take_a_requesters_funding_transfer(anvil, usdc, tmp_path):
+    """The attack: a stranger who watches the escrow address posts the victim's transfer first (to approve a
+    delivery by an agent of its own and be paid the deposit). Without the victim's signature it gets nothing."""
+    db = tmp_path / 'm.db'
+    with serving(db, anvil.url) as server:
+        victim_key, stranger_key = new_requester(server, 'victim'), new_requester(server, 'stranger')
+        victim, stranger = ACCOUNT_OF_KEY[victim_key], ACCOUNT_OF_KEY[stranger_key]
+        stranger_wallet_key, stranger_wallet = DEV_KEYS[4], DEV_ADDRESSES[4]
+        answer = call(server, 'POST', '/api/agents', {'name': 'escrow', 'walletAddress': ESCROW.lower()}, stranger_key)
+        body = assert_refused(answer, 400, 'validation_failed')          # the escrow's wallet is not an agent's
+        assert body['fields'] == {'walletAddress': 'must not be the escrow address of this service'}
+        answer = call(server, 'POST', '/api/agents', {'name': 'accomplice', 'walletAddress': stranger_wallet},
+                      stranger_key)
+        assert answer.status_code == 201, answer.text
+        tx_hash = pay_escrow(anvil, 500_000_000)              # the victim sends 500 USDC to escrow
+        before = database_view(db)
+        balances = {address: anvil.balance(address) for address in (ESCROW, PAYER, stranger_wallet)}
+        assert balances == {ESCROW: 500_000_000, PAYER: 0, stranger_wallet: 0}
+
+        expected = chain.funding_typed_data(stranger, tx_hash, ESCROW)
+        for signer in (None, stranger_wallet_key):            # no signature; the stranger's own wallet's
+            answer = post_job(server, stranger_key, tx_hash, signer=signer, paymentAmount='500.00')
+            body = assert_refused(answer, 402, 'payment_signature_invalid')
+            assert body['fundingTypedData'] == expected
+        signed_by_stranger = Account.sign_typed_data(stranger_wallet_key, full_message=expected)   # what the 402 says
+        answer = call(server, 'POST', '/api/jobs', job_body(paymentAmount='500.00', escrowTxHash=tx_hash,
+                      escrowSignature=signed_by_stranger.signature.to_0x_hex()), stranger_key)
+        assert_refused(answer, 402, 'payment_signature_invalid')
+        assert database_view(db) == before                    # no job, no used hash, no payment, no ledger entry
+        assert job_total(server) == 0
+        assert {address: anvil.balance(address) for address in balances} == balances
+
+        victims = call(server, 'POST', '/api/jobs', job_body(
+            paymentAmount='500.00', escrowTxHash=tx_hash,
+            escrowSignature=chain.sign_funding(PAYER_KEY, victim, tx_hash, ESCROW)), victim_key)
+        assert victims.status_code == 201, victims.text
+        job = victims.json()['job']
+        assert (job['requesterId'], job['paymentAmount'], job['escrowTxHash']) == (victim, '500.00', tx_hash)
+
+        for signer in (None, stranger_wallet_key, PAYER_KEY):     # PAYER_KEY: as if it had the payer's key
+            answer = post_job(server, stranger_key, tx_hash, signer=signer, paymentAmount='500.00')
+            assert_refused(answer, 409, 'payment_replayed')
+        copied = call(server, 'POST', '/api/jobs', job_body(
+            paymentAmount='500.00', escrowTxHash=tx_hash,
+            escrowSignature=chain.sign_funding(PAYER_KEY, victim, tx_hash, ESCROW)), stranger_key)
+        assert_refused(copied, 409, 'payment_replayed')           # the victim's own body, replayed
+        assert job_total(server) == 1
+        assert {address: anvil.balance(address) for address in balances} == balances
+        assert server.terminate() == 0
+    assert ledger_of(db) == []
+
+
+def test_the_readmes_funding_example_runs_as_written(anvil, usdc, tmp_path):
+    """README "USDC on Base: onchain mode": sign_funding.py and the curl that posts it, against the server."""
+    block = README.split('<!-- funding:start -->')[1].split('<!-- funding:end -->')[0]
+    python = block.split('```python')[1].split('```')[0]
+    script = block.split('```sh')[1].split('```')[0]
+    (tmp_path / 'sign_funding.py').write_text(python)
+    with serving(tmp_path / 'm.db', anvil.url) as server:
+        key = new_requester(server)
+        tx_hash = pay_escrow(anvil, PRICE)
+        values = {'BASE': server.url, 'REQUESTER_KEY': key, 'TX_HASH': tx_hash, 'PAYER_KEY': PAYER_KEY}
+        for name, value in values.items():
+            script, found = re.subn(rf'^{name}=.*$', f'{name}={value}', script, count=1, flags=re.MULTILINE)
+            assert found == 1, name
+        path = f'{Path(sys.executable).parent}{os.pathsep}{os.environ["PATH"]}'    # python3 with eth-account
+        run = subprocess.run(['bash', '-euo', 'pipefail', '-c', script], capture_output=True, text=True, timeout=60,
+                             cwd=tmp_path, env=dict(os.environ, PATH=path))
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.splitlines() == re.findall(r'^# → (.*)$', script, re.MULTILINE) == ['201']
+        refused = json.loads((tmp_path / 'refused.json').read_text())
+        assert (refused['status'], refused['code']) == (402, 'payment_signature_invalid')
+        assert refused['fundingTypedData'] == chain.funding_typed_data(ACCOUNT_OF_KEY[key], tx_hash, ESCROW)
+        job = json.loads((tmp_path / 'job.json').read_text())['job']
+        assert (job['requesterId'], job['escrowTxHash'], job['escrowStatus']) == (ACCOUNT_OF_KEY[key], tx_hash,
+                                                                                 'locked')
 
 
 def test_a_transfer_older_than_the_max_age_is_expired(anvil, usdc, tmp_path):

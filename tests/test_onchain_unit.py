@@ -1,7 +1,7 @@
 """The service in onchain mode (CONTRACT.md 7, README "USDC on Base: onchain mode"), in-process, against a
 fake JSON-RPC node served by `responses` (test_verifier.FakeNode): nothing leaves the process.
 
-Funding (POST /api/jobs on rail base with escrowTxHash), payouts and refunds signed with the escrow key,
+Funding (POST /api/jobs on rail base with escrowTxHash and the payer's escrowSignature), payouts and refunds signed with the escrow key,
 broadcast after the commit, and confirmed, re-sent or failed by the sweep. The ledger must balance after
 every test (the `started` fixture checks mp.ledger_problems of every app it built when the test ends).
 """
@@ -22,6 +22,7 @@ from hexbytes import HexBytes
 
 import marketplace as mp
 from conftest import ADMIN_KEY, Client, Market, assert_error, job_body, make_account, make_agent
+from test_openapi import Checker
 from test_verifier import (BASE_CHAIN, ESCROW, ESCROW_KEY, NODE_URL, OTHER_TOKEN, PAYER, SOMEONE, USDC, FakeNode,
                            block_hash_of, decode, make_receipt, transfer_data, transfer_log, tx_hash_of)
 from verifier.errors import ChainUnavailable, VerificationError
@@ -460,6 +461,19 @@ def test_a_funding_with_one_transfer_to_escrow_among_others_is_accepted(market, 
                                  transfer_log(USDC, PAYER, ESCROW, 25_000_000)], tx_hash=tx_hash_of('one of two'))
     answer = post_job(market, node.add(receipt))
     assert answer.status == 201, answer
+
+
+def test_funding_answers_follow_the_openapi_document(market, node):
+    check = Checker(market.client.get('/api/openapi.json').json)
+    tx_hash = node.pay(25_000_000)
+    other, other_key = make_account(market.client, 'other requester')
+    answers = [(post_job(market), 402), (post_job(market, '0x1234'), 400),
+               (post_job(market, tx_hash, signer=None), 402),
+               (post_job(market, tx_hash), 201), (post_job(market, tx_hash), 200),
+               (post_job(market, tx_hash, key=other_key, account=other), 409)]
+    for answer, status in answers:
+        assert ('fundingTypedData' in answer.json) is (status >= 400), answer
+        check(answer, 'POST', '/api/jobs', status)
 
 
 # ----- agent wallets are never the service's own -----

@@ -646,10 +646,13 @@ def onchain(tmp_path):
 @pytest.mark.parametrize('chain_id, explorer', [(84532, 'https://sepolia.basescan.org'),
                                                 (8453, 'https://basescan.org')])
 def test_on_chain_transaction_hashes_link_to_the_chains_explorer(onchain, chain_id, explorer):
+    from chain import DEV_KEYS, sign_funding
+    from test_verifier import ESCROW
     market, node = onchain(chain_id)
     funding = node.pay(25_000_000)
-    answer = market.client.post('/api/jobs', dict(job_body(title='Funded job'), escrowTxHash=funding),
-                                key=market.requester_key)
+    signature = sign_funding(DEV_KEYS[1], market.requester['id'], funding, ESCROW, chain_id)     # node.pay's payer
+    answer = market.client.post('/api/jobs', dict(job_body(title='Funded job'), escrowTxHash=funding,
+                                                  escrowSignature=signature), key=market.requester_key)
     assert answer.status == 201, answer
     job = answer.json['job']
     claim = market.claim(job)

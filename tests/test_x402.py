@@ -19,7 +19,7 @@ from a2a.client.card_resolver import parse_agent_card
 from a2a.utils.proto_utils import validate_proto_required_fields
 
 # web3 and eth_account come through chain.py, which keeps the recursion limit as it was (see there).
-from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC
+from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, sign_funding
 
 import marketplace as mp
 from conftest import ADMIN_KEY, Client, assert_error, job_body, make_account
@@ -403,10 +403,16 @@ def test_a_call_that_fails_consumes_nothing(client, anvil):
 
 # A transaction hash pays for one thing only -------------------------------------
 
+def escrow_of(client):
+    """The escrow address, where jobs are funded (whatever x402's payTo is)."""
+    return client.app.service.settings.onchain.escrow_address
+
+
 def test_a_hash_that_funded_a_job_cannot_pay_a_call(client, anvil):
-    _, key = make_account(client, 'requester')
+    account, key = make_account(client, 'requester')
     tx_hash = pay(anvil, 25_000_000)
-    funded = client.post('/api/jobs', dict(job_body(), escrowTxHash=tx_hash), key=key)
+    signature = sign_funding(PAYER_KEY, account['id'], tx_hash, escrow_of(client))
+    funded = client.post('/api/jobs', dict(job_body(), escrowTxHash=tx_hash, escrowSignature=signature), key=key)
     assert funded.status == 201, funded
     assert (funded.json['job']['paymentRail'], funded.json['job']['escrowTxHash']) == ('base', tx_hash)
     payment = proof(tx_hash, amount='25')
@@ -420,8 +426,10 @@ def test_a_hash_that_funded_a_job_cannot_pay_a_call(client, anvil):
 def test_an_x402_proof_cannot_fund_a_job(client, anvil):
     tx_hash = pay(anvil, 25_000_000)
     assert paid(client, proof(tx_hash, amount='25')).status == 200
-    _, key = make_account(client, 'requester')
-    assert_error(client.post('/api/jobs', dict(job_body(), escrowTxHash=tx_hash), key=key), 409, 'payment_replayed')
+    account, key = make_account(client, 'requester')
+    signature = sign_funding(PAYER_KEY, account['id'], tx_hash, escrow_of(client))      # the payer's own: still refused
+    assert_error(client.post('/api/jobs', dict(job_body(), escrowTxHash=tx_hash, escrowSignature=signature), key=key),
+                 409, 'payment_replayed')
     assert count(client, 'jobs') == 0
     assert db_of(client).value('SELECT purpose FROM used_payments') == 'x402'
 

@@ -21,7 +21,7 @@ import requests
 import responses
 
 # web3 and eth_account come through chain.py, which keeps the recursion limit as it was (see there).
-from chain import DEV_ADDRESSES, DEV_KEYS, USDC, Account, sign_authorization
+from chain import DEV_ADDRESSES, DEV_KEYS, USDC, Account, sign_authorization, sign_funding
 
 import marketplace as mp
 from conftest import ADMIN_KEY, Client, assert_error, job_body, make_account
@@ -159,11 +159,12 @@ def chain_view(anvil, app):
             'eth': {address: eth(anvil, address) for address in (PAYER, ESCROW)}}
 
 
-def funded_job(anvil, client, key):
-    """A 25 USDC job funded on chain by OTHER (its refunds go back there)."""
+def funded_job(anvil, client, account, key):
+    """A 25 USDC job funded on chain by OTHER (its refunds go back there), posted and signed for `account`."""
     anvil.mint(OTHER, 25_000_000)
     tx_hash = anvil.transfer(OTHER_KEY, ESCROW, 25_000_000)
-    answer = client.post('/api/jobs', dict(job_body(), escrowTxHash=tx_hash), key=key)
+    signature = sign_funding(OTHER_KEY, account['id'], tx_hash, ESCROW)
+    answer = client.post('/api/jobs', dict(job_body(), escrowTxHash=tx_hash, escrowSignature=signature), key=key)
     assert answer.status == 201, answer
     return answer.json['job']
 
@@ -281,8 +282,8 @@ def test_a_refused_authorization_sends_nothing(anvil, app, client, make, minted,
 # The escrow wallet's nonces: settlements and payouts -----------------------------
 
 def test_a_settlement_after_a_payout_takes_the_next_nonce_and_both_confirm(anvil, app, client):
-    _, key = make_account(client, 'requester')
-    job = funded_job(anvil, client, key)
+    account, key = make_account(client, 'requester')
+    job = funded_job(anvil, client, account, key)
     anvil.mint(PAYER, 1_000_000)
     first, other_usdc = escrow_nonce(anvil), anvil.balance(OTHER)
     assert next_nonce(app) == first
@@ -308,8 +309,8 @@ def test_a_settlement_after_a_payout_takes_the_next_nonce_and_both_confirm(anvil
 
 
 def test_a_settlement_the_node_did_not_take_is_sent_before_a_later_payout(anvil, app, client, slow, monkeypatch):
-    _, key = make_account(client, 'requester')
-    job = funded_job(anvil, client, key)
+    account, key = make_account(client, 'requester')
+    job = funded_job(anvil, client, account, key)
     anvil.mint(PAYER, 1_000_000)
     first = escrow_nonce(anvil)
     chain, sent, refusing = app.service.settings.onchain.chain, [], [True]
