@@ -1166,8 +1166,9 @@ def test_a_farmed_arbitrator_cannot_take_a_strangers_escrow(live_server):
     assert (dispute['panel'], dispute['needsAdmin']) == ([], True)
 
     def attempts():
-        decide = requests.patch(f'{server.url}/api/disputes/{dispute["id"]}', timeout=TIMEOUT, headers=bearer(agent_key),
-                                json={'outcome': 'worker', 'resolution': 'Looks fine.', 'resolvedBy': 'community'})
+        decide = requests.patch(f'{server.url}/api/disputes/{dispute["id"]}', headers=bearer(agent_key),
+                                json={'outcome': 'worker', 'resolution': 'Looks fine.', 'resolvedBy': 'community'},
+                                timeout=TIMEOUT)
         voted = post(f'{server.url}/api/disputes/{dispute["id"]}/vote',
                      {'arbitratorId': arbitrator['id'], 'vote': 'worker'}, agent_key)
         return [(a.status_code, a.json()['code']) for a in (decide, voted)]
