@@ -5596,13 +5596,15 @@ def call_app(app, method, path, body=None, key=None, headers=None):
 
 def seed(db_settings, fixtures_path, out=print):
     """Load the demo fixtures through the API itself; print the demo keys; return them by name."""
-    settings = Settings(**dict(vars(db_settings), rate_limits='off', rpc_url=''))     # demo money is simulated
+    # Demo money is simulated; the demo's arbitrators are active at once and its disputes take three votes.
+    settings = Settings(**dict(vars(db_settings), rate_limits='off', rpc_url='', open_arbitration=True,
+                               required_votes=3))
     app = make_app(settings)
     db = app.service.db
     if db.value('SELECT count(*) FROM accounts WHERE role = \'member\''):
         raise RuntimeError(f'{settings.db} already holds accounts; seed only a new database')
     fixtures = json.loads(Path(fixtures_path).read_text())
-    keys, agents, owners = {}, {}, {}
+    keys, agents, owners, arbitrators = {}, {}, {}, {}
 
     def call(method, path, body, key):
         status, _, answer = call_app(app, method, path, body, key)
@@ -5616,6 +5618,15 @@ def seed(db_settings, fixtures_path, out=print):
         agent = dict(agent)
         owners[agent['name']] = keys[agent.pop('owner')]
         agents[agent['name']] = call('POST', '/api/agents', agent, owners[agent['name']])['agent']['id']
+    admin_key = next((keys[a['name']] for a in fixtures['accounts'] if a.get('role') == 'admin'), None)
+    for arbitrator in fixtures.get('arbitrators', []):
+        owner = keys[arbitrator['owner']]
+        body = {'name': arbitrator['name'], 'walletAddress': arbitrator['walletAddress'],
+                'accountId': account_for_key(db, owner)['id']}
+        arbitrator_id = call('POST', '/api/arbitrators', body, admin_key)['arbitrator']['id']
+        if arbitrator.get('trusted'):
+            call('PATCH', f'/api/arbitrators/{arbitrator_id}', {'trusted': True}, admin_key)
+        arbitrators[arbitrator['name']] = (arbitrator_id, owner)
     for job in fixtures['jobs']:
         job = dict(job)
         requester, story = job.pop('requester'), job.pop('story', [])
@@ -5633,9 +5644,16 @@ def seed(db_settings, fixtures_path, out=print):
                 call('POST', f'/api/jobs/{job_id}/verify', {'claimId': claim_id, 'approved': value}, keys[requester])
             elif action == 'cancel':
                 call('POST', f'/api/jobs/{job_id}/cancel', {}, keys[requester])
+            elif action == 'dispute':
+                dispute_id = call('POST', f'/api/jobs/{job_id}/dispute', {'claimId': claim_id, 'reason': value},
+                                  keys[requester])['dispute']['id']
+            elif action == 'vote':
+                arbitrator_id, voter_key = arbitrators[value['arbitrator']]
+                call('POST', f'/api/disputes/{dispute_id}/vote', {'arbitratorId': arbitrator_id, 'vote': value['vote'],
+                                                                  'reasoning': value['reasoning']}, voter_key)
     app.service.close()
     out(f'Seeded {settings.db}: {len(fixtures["accounts"])} accounts, {len(agents)} agents, '
-        f'{len(fixtures["jobs"])} jobs.')
+        f'{len(arbitrators)} arbitrators, {len(fixtures["jobs"])} jobs.')
     out('Demo API keys (shown once; use them as "Authorization: Bearer <key>"):')
     for name, key in keys.items():
         out(f'  {name:<20} {key}')
