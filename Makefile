@@ -25,7 +25,7 @@ node_modules/.stamp: package.json package-lock.json
 
 run: $(VENV)/stamp  ## serve the demo on http://127.0.0.1:8080 (seeds a new database first)
 	@test -f $(DB) || { rm -f $(DB).new && $(PY) marketplace.py seed --db $(DB).new && mv $(DB).new $(DB); }
-	$(PY) marketplace.py serve --db $(DB)
+	$(PY) marketplace.py serve --db $(DB) --open-arbitration
 
 seed: $(VENV)/stamp  ## load the demo fixtures into a new database (DB=marketplace.db)
 	$(PY) marketplace.py seed --db $(DB)

@@ -2089,9 +2089,13 @@ def read_deliverable(body):
 # Disputes and arbitration ####################################################
 ###############################################################################
 
+# panel: the ids of the arbitrators drawn for the dispute, comma-separated (NULL when none were).
 DISPUTE_SELECT = '''
-    SELECT d.*, (SELECT count(*) FROM votes v WHERE v.dispute_id = d.id) AS votes_received
+    SELECT d.*, (SELECT count(*) FROM votes v WHERE v.dispute_id = d.id) AS votes_received,
+        (SELECT group_concat(p.arbitrator_id) FROM dispute_panels p WHERE p.dispute_id = d.id) AS panel
     FROM disputes d'''
+# An open dispute waits for an admin when no panel could be drawn or when it has been open too long.
+NEEDS_ADMIN_SQL = "(d.status = 'open' AND (d.needs_admin = 1 OR d.created_at <= :stale_before))"
 # accuracy: the share of an arbitrator's votes on resolved disputes that matched the outcome.
 ARBITRATOR_SELECT = '''
     SELECT a.*,
@@ -2102,6 +2106,8 @@ ARBITRATOR_SELECT = '''
     FROM arbitrators a'''
 ARBITRATOR_MIN_REPUTATION = 1000   # 10.00
 OUTCOMES = ('requester', 'worker')
+ARBITRATOR_STATUSES = ('pending', 'active', 'suspended')
+PANEL_DRAW = secrets.SystemRandom()     # draws dispute panels; tests may put a seeded random.Random here
 
 
 def get_dispute(db, dispute_id):
@@ -2126,6 +2132,32 @@ def dispute_parties(db, dispute):
     return {row['requester_id'], row['worker_id']}
 
 
+def dispute_links(db, claim_id):
+    """What ties an arbitrator to a dispute over this claim: the parties' accounts, and the wallets
+    (lowercase) of the worker's agent and of the job's funding payer."""
+    row = db.row('''SELECT j.requester_id, j.refund_address, a.account_id AS worker_id, a.wallet_address
+                     FROM claims c JOIN jobs j ON j.id = c.job_id JOIN agents a ON a.id = c.agent_id
+                     WHERE c.id = :claim''', {'claim': claim_id})
+    wallets = {address.lower() for address in (row['wallet_address'], row['refund_address']) if address}
+    return {row['requester_id'], row['worker_id']}, wallets
+
+
+def is_linked(arbitrator, links):
+    """The arbitrator's account is a party's, or its wallet is the worker agent's or the funding payer's."""
+    accounts, wallets = links
+    return arbitrator['account_id'] in accounts or arbitrator['wallet_address'].lower() in wallets
+
+
+def draw_panel(db, claim_id, size):
+    """The ids of `size` active arbitrators not linked to a dispute over this claim, drawn at random; []
+    when fewer are eligible."""
+    links = dispute_links(db, claim_id)
+    eligible = [row['id'] for row in db.rows(
+        "SELECT id, account_id, wallet_address FROM arbitrators WHERE status = 'active' ORDER BY id")
+        if not is_linked(row, links)]
+    return sorted(PANEL_DRAW.sample(eligible, size)) if len(eligible) >= size else []
+
+
 def open_dispute(db, settings, job_id, claim_id, reason, account):
     """The requester disputes a delivery: claim and job become `disputed`, escrow stays locked."""
     with db.transaction():
@@ -2143,11 +2175,14 @@ def open_dispute(db, settings, job_id, claim_id, reason, account):
                 "SELECT 1 FROM disputes WHERE job_id = :id AND status = 'open'", {'id': job_id}):
             raise Conflict('Another delivery of this job is under dispute; dispute this one after it is '
                            'resolved.', code='dispute_open')
+        panel = draw_panel(db, claim_id, settings.required_votes)
         dispute = {'id': new_id(), 'job_id': job_id, 'claim_id': claim_id, 'status': 'open', 'reason': reason,
                    'outcome': None, 'resolution': None, 'resolved_by': None,
                    'required_votes': settings.required_votes,
-                   'created_at': now_iso(), 'resolved_at': None}
+                   'created_at': now_iso(), 'resolved_at': None, 'needs_admin': int(not panel)}
         db.insert('disputes', dispute)
+        for arbitrator_id in panel:
+            db.insert('dispute_panels', {'dispute_id': dispute['id'], 'arbitrator_id': arbitrator_id})
         set_claim_status(db, claim_id, 'disputed')
         set_job_status(db, job_id, live_job_status(db, job))
         queue_event(db, settings, 'payment.disputed', job_id, claim_holders(db, job_id), agent_id=claim['agent_id'])
@@ -2175,23 +2210,39 @@ def require_open_dispute(dispute):
                        code='dispute_resolved')
 
 
+def trusted_decider(db, dispute, account):
+    """The trusted, active arbitrator not linked to the dispute through which a member's account decides it."""
+    links = dispute_links(db, dispute['claim_id'])
+    if account['id'] in links[0]:
+        raise Forbidden('A party to the dispute cannot decide it.', code='conflict_of_interest')
+    trusted = db.rows("""SELECT * FROM arbitrators WHERE account_id = :id AND status = 'active' AND trusted = 1
+                         ORDER BY created_at, id""", {'id': account['id']})
+    unlinked = [arbitrator for arbitrator in trusted if not is_linked(arbitrator, links)]
+    if trusted and not unlinked:
+        raise Forbidden("Your trusted arbitrator's wallet is linked to a party of this dispute.",
+                        code='conflict_of_interest')
+    if not unlinked:
+        raise Forbidden('Only an admin or the owner of a trusted, active arbitrator may decide a dispute alone.')
+    return unlinked[0]
+
+
 def resolve_dispute(db, settings, dispute_id, outcome, resolution, resolved_by, account):
-    """An admin or an uninvolved arbitrator's owner decides a dispute; return (dispute, job)."""
+    """An admin or a trusted, uninvolved arbitrator's owner decides a dispute; return (dispute, job).
+    `resolved_by` counts only from an admin: an arbitrator's decision bears the arbitrator's name."""
     with db.transaction():
         dispute = get_dispute(db, dispute_id)
-        if not is_admin(account):
-            if account['id'] in dispute_parties(db, dispute):
-                raise Forbidden('A party to the dispute cannot decide it.', code='conflict_of_interest')
-            if not db.value("SELECT 1 FROM arbitrators WHERE account_id = :id AND status = 'active'",
-                            {'id': account['id']}):
-                raise Forbidden('Only an admin or the owner of an active arbitrator may decide a dispute.')
+        if is_admin(account):
+            resolved_by = resolved_by or account['name']
+        else:
+            resolved_by = trusted_decider(db, dispute, account)['name']
         require_open_dispute(dispute)
-        decide_dispute(db, settings, dispute, outcome, resolution, resolved_by or account['name'])
+        decide_dispute(db, settings, dispute, outcome, resolution, resolved_by)
     return get_dispute(db, dispute_id), get_job(db, dispute['job_id'])
 
 
-def register_arbitrator(db, account, name, wallet, agent_id, owner_id):
-    """An agent with reputation 10.00+ (its owner asking), or a human arbitrator (admins only)."""
+def register_arbitrator(db, settings, account, name, wallet, agent_id, owner_id):
+    """An agent with reputation 10.00+ (its owner asking), or a human arbitrator (admins only); it waits,
+    `pending`, for an admin to activate it, unless --open-arbitration."""
     with db.transaction():
         if agent_id:
             agent = get_agent(db, agent_id)
@@ -2209,7 +2260,8 @@ def register_arbitrator(db, account, name, wallet, agent_id, owner_id):
             raise NotFound('No account has this id (accountId).')
         moment = now_iso()
         arbitrator = {'id': new_id(), 'account_id': owner_id or account['id'], 'agent_id': agent_id,
-                      'name': name, 'wallet_address': wallet, 'status': 'active',
+                      'name': name, 'wallet_address': wallet,
+                      'status': 'active' if settings.open_arbitration else 'pending',
                       'created_at': moment, 'updated_at': moment}
         db.insert('arbitrators', arbitrator)
     return get_arbitrator(db, arbitrator['id'])
@@ -2222,10 +2274,15 @@ def cast_vote(db, settings, dispute_id, arbitrator_id, choice, reasoning, accoun
         arbitrator = get_arbitrator(db, arbitrator_id)
         if arbitrator['account_id'] != account['id']:
             raise Forbidden('You can vote only with an arbitrator your account owns.')
-        if arbitrator['status'] != 'active':
+        if arbitrator['status'] == 'suspended':
             raise Forbidden('This arbitrator is suspended.', code='arbitrator_suspended')
-        if arbitrator['account_id'] in dispute_parties(db, dispute):
-            raise Forbidden('A party to the dispute cannot vote on it.', code='conflict_of_interest')
+        if is_linked(arbitrator, dispute_links(db, dispute['claim_id'])):
+            raise Forbidden('An arbitrator linked to a party of the dispute cannot vote on it.',
+                            code='conflict_of_interest')
+        if arbitrator['status'] != 'active' or not db.value(
+                'SELECT 1 FROM dispute_panels WHERE dispute_id = :d AND arbitrator_id = :a',
+                {'d': dispute_id, 'a': arbitrator_id}):
+            raise Forbidden("Only the arbitrators drawn for this dispute's panel vote on it.", code='not_on_panel')
         require_open_dispute(dispute)
         if db.value('SELECT 1 FROM votes WHERE dispute_id = :d AND arbitrator_id = :a',
                     {'d': dispute_id, 'a': arbitrator_id}):
@@ -2249,7 +2306,14 @@ def vote_summary(db, dispute_id):
     return counts
 
 
-def dispute_json(dispute):
+def stale_before(settings):
+    """Disputes opened at or before this time (ISO) have waited --dispute-timeout-hours: an admin's turn."""
+    return iso(now() - timedelta(hours=settings.dispute_timeout_hours))
+
+
+def dispute_json(dispute, settings):
+    needs_admin = dispute['status'] == 'open' and (bool(dispute['needs_admin'])
+                                                   or dispute['created_at'] <= stale_before(settings))
     return {
         'id': dispute['id'],
         'jobId': dispute['job_id'],
@@ -2261,6 +2325,8 @@ def dispute_json(dispute):
         'resolvedBy': dispute['resolved_by'],
         'requiredVotes': dispute['required_votes'],
         'votesReceived': dispute['votes_received'],
+        'panel': sorted(dispute['panel'].split(',')) if dispute['panel'] else [],
+        'needsAdmin': needs_admin,
         'createdAt': dispute['created_at'],
         'resolvedAt': dispute['resolved_at'],
     }
@@ -2275,6 +2341,7 @@ def arbitrator_json(arbitrator):
         'agentId': arbitrator['agent_id'],
         'accountId': arbitrator['account_id'],
         'status': arbitrator['status'],
+        'trusted': bool(arbitrator['trusted']),
         'accuracy': None if accuracy is None else round(accuracy, 4),
         'votesCast': arbitrator['votes_cast'],
         'createdAt': arbitrator['created_at'],
@@ -4066,7 +4133,7 @@ def post_dispute(job_id):
     svc = service()
     dispute, job = open_dispute(svc.db, svc.settings, job_id, claim_id, reason, account)
     response.status = 201
-    return {'dispute': dispute_json(dispute), 'job': job_json(job, svc.settings.base_url)}
+    return {'dispute': dispute_json(dispute, svc.settings), 'job': job_json(job, svc.settings.base_url)}
 
 
 @route('GET', '/api/disputes')
@@ -4081,25 +4148,31 @@ def get_disputes():
     if query.get('job_id'):
         where.append('d.job_id = :job_id')
         params['job_id'] = parse_uuid(query['job_id'], 'job_id')
+    needs_admin = query_choice(query, 'needsAdmin', ('true', 'false'))
+    svc = service()
+    if needs_admin:
+        where.append(NEEDS_ADMIN_SQL if needs_admin == 'true' else f'NOT {NEEDS_ADMIN_SQL}')
+        params['stale_before'] = stale_before(svc.settings)
     clause = (' WHERE ' + ' AND '.join(where)) if where else ''
-    db = service().db
+    db = svc.db
     disputes = db.rows(f'{DISPUTE_SELECT}{clause} ORDER BY d.created_at DESC, d.rowid DESC LIMIT :limit OFFSET :offset',
                        params)
-    return {'disputes': [dispute_json(d) for d in disputes],
+    return {'disputes': [dispute_json(d, svc.settings) for d in disputes],
             'total': db.value('SELECT count(*) FROM disputes d' + clause, params), 'limit': limit, 'offset': offset}
 
 
-def dispute_detail(db, dispute_id, base_url):
+def dispute_detail(db, dispute_id, settings):
     """A dispute with its job and the disputed claim, as GET /api/disputes/:id shows it."""
     dispute = get_dispute(db, dispute_id)
-    return {'dispute': dispute_json(dispute), 'job': job_json(get_job(db, dispute['job_id']), base_url),
+    return {'dispute': dispute_json(dispute, settings),
+            'job': job_json(get_job(db, dispute['job_id']), settings.base_url),
             'claim': claim_json(get_claim(db, dispute['job_id'], dispute['claim_id']))}
 
 
 @route('GET', '/api/disputes/<dispute_id>')
 def show_dispute(dispute_id):
     svc = service()
-    return dispute_detail(svc.db, parse_uuid(dispute_id, 'disputeId'), svc.settings.base_url)
+    return dispute_detail(svc.db, parse_uuid(dispute_id, 'disputeId'), svc.settings)
 
 
 @route('PATCH', '/api/disputes/<dispute_id>', limit=None)
@@ -4113,7 +4186,8 @@ def patch_dispute(dispute_id):
     form.done()
     svc = service()
     dispute, job = resolve_dispute(svc.db, svc.settings, dispute_id, outcome, resolution, resolved_by, account)
-    return {'dispute': dispute_json(dispute), 'escrowStatus': job['escrow_status'], 'jobStatus': job['status']}
+    return {'dispute': dispute_json(dispute, svc.settings), 'escrowStatus': job['escrow_status'],
+            'jobStatus': job['status']}
 
 
 @route('POST', '/api/disputes/<dispute_id>/vote', limit='votes')
@@ -4150,7 +4224,8 @@ def post_arbitrator():
     agent_id = form.uuid('agentId')
     owner_id = form.uuid('accountId')
     form.done()
-    arbitrator = register_arbitrator(service().db, account, name, wallet, agent_id, owner_id)
+    svc = service()
+    arbitrator = register_arbitrator(svc.db, svc.settings, account, name, wallet, agent_id, owner_id)
     response.status = 201
     return {'arbitrator': arbitrator_json(arbitrator)}
 
@@ -4159,7 +4234,7 @@ def post_arbitrator():
 def get_arbitrators():
     query = request.query
     limit, offset = page_params(query)
-    status = query_choice(query, 'status', ('active', 'suspended'))
+    status = query_choice(query, 'status', ARBITRATOR_STATUSES)
     clause = ' WHERE a.status = :status' if status else ''
     params = {'status': status, 'limit': limit, 'offset': offset}
     db = service().db
@@ -4174,14 +4249,20 @@ def patch_arbitrator(arbitrator_id):
     account = require_account()
     arbitrator_id = parse_uuid(arbitrator_id, 'arbitratorId')
     form = Form(read_json_body())
-    status = form.choice('status', ('active', 'suspended'), required=True)
+    status = form.choice('status', ('active', 'suspended'))
+    trusted = form.boolean('trusted')
     form.done()
+    if status is None and trusted is None:
+        raise ValidationFailed('Send status, trusted or both.', fields={'status': 'status or trusted is required',
+                                                                       'trusted': 'status or trusted is required'})
     require_admin(account)
     db = service().db
     with db.transaction():
-        get_arbitrator(db, arbitrator_id)
-        db.execute('UPDATE arbitrators SET status = :status, updated_at = :now WHERE id = :id',
-                   {'status': status, 'now': now_iso(), 'id': arbitrator_id})
+        arbitrator = get_arbitrator(db, arbitrator_id)
+        db.execute('UPDATE arbitrators SET status = :status, trusted = :trusted, updated_at = :now WHERE id = :id',
+                   {'status': status or arbitrator['status'],
+                    'trusted': int(arbitrator['trusted'] if trusted is None else trusted),
+                    'now': now_iso(), 'id': arbitrator_id})
     return {'arbitrator': arbitrator_json(get_arbitrator(db, arbitrator_id))}
 
 
@@ -4349,8 +4430,8 @@ def job_page(job_id):
     """A job: what it asks, what happened to it (a timeline), its claims, deliverables and payments."""
     svc = service()
     detail = job_detail(svc.db, parse_uuid(job_id, 'jobId'), svc.settings.base_url)
-    disputes = [dispute_json(d) for d in svc.db.rows(f'{DISPUTE_SELECT} WHERE d.job_id = :id ORDER BY d.created_at',
-                                                     {'id': detail['job']['id']})]
+    disputes = [dispute_json(d, svc.settings) for d in svc.db.rows(
+        f'{DISPUTE_SELECT} WHERE d.job_id = :id ORDER BY d.created_at', {'id': detail['job']['id']})]
     names = agent_names(svc.db, [claim['agentId'] for claim in detail['claims']])
     timeline = job_timeline(detail['job'], detail['claims'], disputes, detail['payments'], names)
     return render('job', title=detail['job']['title'], names=names, disputes=disputes, timeline=timeline, **detail)
@@ -4384,13 +4465,18 @@ def agent_page(agent_id):
 @route('GET', '/disputes/<dispute_id>', limit='pages')
 @page
 def dispute_page(dispute_id):
-    """A dispute: the reason, the votes with their reasoning, the outcome."""
+    """A dispute: the reason, its panel, the votes with their reasoning, the outcome."""
     svc = service()
-    detail = dispute_detail(svc.db, parse_uuid(dispute_id, 'disputeId'), svc.settings.base_url)
+    detail = dispute_detail(svc.db, parse_uuid(dispute_id, 'disputeId'), svc.settings)
     votes = svc.db.rows('''SELECT v.*, a.name AS arbitrator FROM votes v JOIN arbitrators a ON a.id = v.arbitrator_id
                            WHERE v.dispute_id = :id ORDER BY v.created_at, v.rowid''', {'id': detail['dispute']['id']})
+    panel = svc.db.rows('''SELECT a.name, EXISTS (SELECT 1 FROM votes v WHERE v.dispute_id = p.dispute_id
+                                                   AND v.arbitrator_id = a.id) AS voted
+                           FROM dispute_panels p JOIN arbitrators a ON a.id = p.arbitrator_id
+                           WHERE p.dispute_id = :id ORDER BY a.name, a.id''', {'id': detail['dispute']['id']})
     names = agent_names(svc.db, [detail['claim']['agentId']])
-    return render('dispute', title=f'Dispute: {detail["job"]["title"]}', names=names,
+    return render('dispute', title=f'Dispute: {detail["job"]["title"]}', names=names, panel=panel,
+                  timeout_hours=svc.settings.dispute_timeout_hours,
                   votes=[dict(vote_json(vote), arbitrator=vote['arbitrator']) for vote in votes], **detail)
 
 
@@ -4446,7 +4532,7 @@ JOB_STATUS_SCHEMA = {'type': 'string', 'enum': list(JOB_STATUSES)}
 CURRENCY_SCHEMA = {'type': 'string', 'enum': list(DECIMALS)}
 RAIL_SCHEMA = {'type': 'string', 'enum': list(RAILS.values())}
 OUTCOME_SCHEMA = {'type': 'string', 'enum': list(OUTCOMES)}
-ARBITRATOR_STATUS_SCHEMA = {'type': 'string', 'enum': ['active', 'suspended']}
+ARBITRATOR_STATUS_SCHEMA = {'type': 'string', 'enum': list(ARBITRATOR_STATUSES)}
 CRITERION_SCHEMA = {'type': 'object', 'required': ['type', 'check'], 'properties': {
     'type': {'type': 'string', 'minLength': 1, 'maxLength': 2000, 'examples': ['automated']},
     'check': {'type': 'string', 'minLength': 1, 'maxLength': 2000}}}
@@ -4568,6 +4654,11 @@ API_SCHEMAS = {
         'resolvedBy': nullable({'type': 'string', 'examples': ['community']}),
         'requiredVotes': {'type': 'integer', 'minimum': 1},
         'votesReceived': COUNT_SCHEMA,
+        'panel': {'type': 'array', 'items': UUID_SCHEMA, 'uniqueItems': True,
+                  'description': 'The arbitrators drawn at random when the dispute opened: only they vote. Empty '
+                                 'when too few active arbitrators without a link to the parties were there.'},
+        'needsAdmin': {'type': 'boolean', 'description': 'Open, and without a panel or open longer than '
+                                                         '--dispute-timeout-hours: an admin should decide it.'},
         'createdAt': TIME_SCHEMA,
         'resolvedAt': nullable(TIME_SCHEMA),
     }),
@@ -4577,7 +4668,8 @@ API_SCHEMAS = {
         'walletAddress': ADDRESS_SCHEMA,
         'agentId': nullable(UUID_SCHEMA),
         'accountId': UUID_SCHEMA,
-        'status': ARBITRATOR_STATUS_SCHEMA,
+        'status': dict(ARBITRATOR_STATUS_SCHEMA, description='pending until an admin activates it.'),
+        'trusted': {'type': 'boolean', 'description': 'An admin let its owner decide disputes alone (PATCH).'},
         'accuracy': dict(nullable(SHARE_SCHEMA), description='Share of its votes on resolved disputes that matched '
                                                              'the outcome; null before any.'),
         'votesCast': COUNT_SCHEMA,
@@ -4747,9 +4839,10 @@ API_SCHEMAS = {
         'outcome': dict(OUTCOME_SCHEMA, description='worker releases escrow; requester refunds it.'),
         'resolution': {'type': 'string', 'minLength': 1, 'maxLength': 5000},
         'resolvedBy': {'type': 'string', 'minLength': 1, 'maxLength': 200,
-                       'description': "Default the caller's account name."}}},
+                       'description': "Admins only (default the admin's account name); an arbitrator's "
+                                      "decision bears the arbitrator's name."}}},
     'VoteCreate': {'type': 'object', 'required': ['arbitratorId', 'vote'], 'properties': {
-        'arbitratorId': dict(UUID_SCHEMA, description='An active arbitrator the caller owns.'),
+        'arbitratorId': dict(UUID_SCHEMA, description="An arbitrator the caller owns, on the dispute's panel."),
         'vote': OUTCOME_SCHEMA,
         'reasoning': {'type': 'string', 'maxLength': 5000, 'default': ''}}},
     'ArbitratorCreate': {'type': 'object', 'required': ['name', 'walletAddress'], 'properties': {
@@ -4759,8 +4852,10 @@ API_SCHEMAS = {
                                                  'Without it, admins only (a human arbitrator).'),
         'accountId': dict(UUID_SCHEMA, description='Admins, without agentId: the account that will vote with it '
                                                    "(default the admin's).")}},
-    'ArbitratorPatch': {'type': 'object', 'required': ['status'], 'properties': {
-        'status': ARBITRATOR_STATUS_SCHEMA}},
+    'ArbitratorPatch': {'type': 'object', 'anyOf': [{'required': ['status']}, {'required': ['trusted']}],
+                        'properties': {
+        'status': {'type': 'string', 'enum': ['active', 'suspended']},
+        'trusted': {'type': 'boolean', 'description': 'Lets its owner decide disputes alone (PATCH a dispute).'}}},
     'EmptyBody': {'type': 'object', 'description': 'Optional and ignored; if sent, it must be a JSON object.'},
 
     # Responses
@@ -5188,6 +5283,8 @@ API_OPERATIONS = {
         'query': [{'name': 'status', 'schema': {'type': 'string', 'enum': ['open', 'resolved']},
                    'description': 'Only disputes in this status.'},
                   {'name': 'job_id', 'schema': UUID_SCHEMA, 'description': 'Only disputes of this job.'},
+                  {'name': 'needsAdmin', 'schema': {'type': 'string', 'enum': ['true', 'false']},
+                   'description': 'Only disputes that wait for an admin (true) or that do not (false).'},
                   LIMIT_PARAM, OFFSET_PARAM],
         'ok': (200, 'DisputeList'), 'errors': (400, 429)},
     ('GET', '/api/disputes/<dispute_id>'): {
@@ -5196,27 +5293,30 @@ API_OPERATIONS = {
     ('PATCH', '/api/disputes/<dispute_id>'): {
         'summary': 'Decide a dispute for the worker or the requester', 'tags': ['Disputes'], 'auth': 'key',
         'body': 'DisputeResolve', 'ok': (200, 'DisputeResolved'), 'errors': (400, 401, 403, 404, 409, 413),
-        'description': 'An admin, or the owner of an active arbitrator who is not a party (403 '
-                       '`conflict_of_interest`). 409 `dispute_resolved` once decided.'},
+        'description': 'An admin, or the owner of a trusted, active arbitrator not linked to a party (403 '
+                       '`conflict_of_interest` when linked, `forbidden` otherwise); resolvedBy counts only from '
+                       "an admin, else it is the arbitrator's name. 409 `dispute_resolved` once decided."},
     ('POST', '/api/disputes/<dispute_id>/vote'): {
         'summary': "Cast an arbitrator's vote; the deciding vote resolves the dispute", 'tags': ['Arbitration'],
         'auth': 'key', 'body': 'VoteCreate', 'ok': (201, 'VoteCast'), 'errors': (400, 401, 403, 404, 409, 413, 429),
-        'description': 'When votesReceived reaches requiredVotes the majority decides, as a PATCH with resolvedBy '
-                       '"community" would. 409 `already_voted` or `dispute_resolved`.'},
+        'description': 'Only members of the dispute\'s panel vote (403 `not_on_panel`; `conflict_of_interest`, '
+                       '`arbitrator_suspended`). When votesReceived reaches requiredVotes the majority decides, as '
+                       'a PATCH with resolvedBy "community" would. 409 `already_voted` or `dispute_resolved`.'},
     ('GET', '/api/disputes/<dispute_id>/vote'): {
         'summary': 'The votes on a dispute and their tally', 'tags': ['Arbitration'],
         'ok': (200, 'VoteList'), 'errors': (400, 404, 429)},
     ('POST', '/api/arbitrators'): {
         'summary': 'Register an arbitrator', 'tags': ['Arbitration'], 'auth': 'key',
         'body': 'ArbitratorCreate', 'ok': (201, 'ArbitratorResult'), 'errors': (400, 401, 403, 404, 409, 413, 429),
-        'description': '403 `insufficient_reputation` below 10.00; 409 `already_arbitrator`.'},
+        'description': 'It starts `pending` until an admin activates it (`active` at once with '
+                       '--open-arbitration). 403 `insufficient_reputation` below 10.00; 409 `already_arbitrator`.'},
     ('GET', '/api/arbitrators'): {
         'summary': 'Arbitrators ranked by accuracy', 'tags': ['Arbitration'],
         'query': [{'name': 'status', 'schema': ARBITRATOR_STATUS_SCHEMA, 'description': 'Only arbitrators in this status.'},
                   LIMIT_PARAM, OFFSET_PARAM],
         'ok': (200, 'ArbitratorList'), 'errors': (400, 429)},
     ('PATCH', '/api/arbitrators/<arbitrator_id>'): {
-        'summary': 'Suspend or reinstate an arbitrator (admins)', 'tags': ['Arbitration'], 'auth': 'key',
+        'summary': 'Activate, suspend or trust an arbitrator (admins)', 'tags': ['Arbitration'], 'auth': 'key',
         'body': 'ArbitratorPatch', 'ok': (200, 'ArbitratorResult'), 'errors': (400, 401, 403, 404, 413)},
     ('POST', '/api/jobs/expire'): {
         'summary': 'Expire overdue jobs and refund their escrow (admins)', 'tags': ['Sweeps'], 'auth': 'key',
@@ -5564,13 +5664,15 @@ def call_app(app, method, path, body=None, key=None, headers=None):
 
 def seed(db_settings, fixtures_path, out=print):
     """Load the demo fixtures through the API itself; print the demo keys; return them by name."""
-    settings = Settings(**dict(vars(db_settings), rate_limits='off', rpc_url=''))     # demo money is simulated
+    # Demo money is simulated; the demo's arbitrators are active at once and its disputes take three votes.
+    settings = Settings(**dict(vars(db_settings), rate_limits='off', rpc_url='', open_arbitration=True,
+                               required_votes=3))
     app = make_app(settings)
     db = app.service.db
     if db.value('SELECT count(*) FROM accounts WHERE role = \'member\''):
         raise RuntimeError(f'{settings.db} already holds accounts; seed only a new database')
     fixtures = json.loads(Path(fixtures_path).read_text())
-    keys, agents, owners = {}, {}, {}
+    keys, agents, owners, arbitrators = {}, {}, {}, {}
 
     def call(method, path, body, key):
         status, _, answer = call_app(app, method, path, body, key)
@@ -5584,6 +5686,15 @@ def seed(db_settings, fixtures_path, out=print):
         agent = dict(agent)
         owners[agent['name']] = keys[agent.pop('owner')]
         agents[agent['name']] = call('POST', '/api/agents', agent, owners[agent['name']])['agent']['id']
+    admin_key = next((keys[a['name']] for a in fixtures['accounts'] if a.get('role') == 'admin'), None)
+    for arbitrator in fixtures.get('arbitrators', []):
+        owner = keys[arbitrator['owner']]
+        body = {'name': arbitrator['name'], 'walletAddress': arbitrator['walletAddress'],
+                'accountId': account_for_key(db, owner)['id']}
+        arbitrator_id = call('POST', '/api/arbitrators', body, admin_key)['arbitrator']['id']
+        if arbitrator.get('trusted'):
+            call('PATCH', f'/api/arbitrators/{arbitrator_id}', {'trusted': True}, admin_key)
+        arbitrators[arbitrator['name']] = (arbitrator_id, owner)
     for job in fixtures['jobs']:
         job = dict(job)
         requester, story = job.pop('requester'), job.pop('story', [])
@@ -5601,9 +5712,16 @@ def seed(db_settings, fixtures_path, out=print):
                 call('POST', f'/api/jobs/{job_id}/verify', {'claimId': claim_id, 'approved': value}, keys[requester])
             elif action == 'cancel':
                 call('POST', f'/api/jobs/{job_id}/cancel', {}, keys[requester])
+            elif action == 'dispute':
+                dispute_id = call('POST', f'/api/jobs/{job_id}/dispute', {'claimId': claim_id, 'reason': value},
+                                  keys[requester])['dispute']['id']
+            elif action == 'vote':
+                arbitrator_id, voter_key = arbitrators[value['arbitrator']]
+                call('POST', f'/api/disputes/{dispute_id}/vote', {'arbitratorId': arbitrator_id, 'vote': value['vote'],
+                                                                  'reasoning': value['reasoning']}, voter_key)
     app.service.close()
     out(f'Seeded {settings.db}: {len(fixtures["accounts"])} accounts, {len(agents)} agents, '
-        f'{len(fixtures["jobs"])} jobs.')
+        f'{len(arbitrators)} arbitrators, {len(fixtures["jobs"])} jobs.')
     out('Demo API keys (shown once; use them as "Authorization: Bearer <key>"):')
     for name, key in keys.items():
         out(f'  {name:<20} {key}')

@@ -11,6 +11,20 @@
 % end
 </section>
 <section>
+  <h2>Panel</h2>
+% if dispute['needsAdmin']:
+  <p class="needs-admin"><strong>Needs an admin:</strong> {{'too few arbitrators without a link to the parties were active to draw a panel' if not panel else 'open for more than {} hours'.format(timeout_hours)}}.</p>
+% end
+% if not panel:
+  <p class="empty">No panel was drawn.</p>
+% end
+  <ul class="panel">
+% for member in panel:
+    <li><strong>{{member['name']}}</strong> <span class="voted">{{'voted' if member['voted'] else 'has not voted'}}</span></li>
+% end
+  </ul>
+</section>
+<section>
   <h2>Votes</h2>
 % if not votes:
   <p class="empty">No vote yet.</p>

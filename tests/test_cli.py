@@ -187,14 +187,14 @@ def test_keys_in_process(db_path, capsys):
 
 # seed ------------------------------------------------------------------------
 
-def test_seed_prints_four_demo_keys(seeded):
+def test_seed_prints_eight_demo_keys(seeded):
     _, output = seeded
     lines = output.splitlines()
     assert lines[0].endswith(f': {len(FIXTURES["accounts"])} accounts, {len(FIXTURES["agents"])} agents, '
-                             f'{len(FIXTURES["jobs"])} jobs.')
+                             f'{len(FIXTURES["arbitrators"])} arbitrators, {len(FIXTURES["jobs"])} jobs.')
     keys = dict(line.split() for line in lines[2:])
     assert list(keys) == [account['name'] for account in FIXTURES['accounts']]
-    assert len(keys) == 4
+    assert len(keys) == 8
     assert all(KEY.match(key) for key in keys.values())
 
 
@@ -206,11 +206,11 @@ def test_seed_loads_the_fixtures(seeded):
         client = Client(app)
         jobs = client.get('/api/jobs?limit=200')
         assert jobs.status == 200
-        assert jobs.json['total'] == len(FIXTURES['jobs']) == 9
+        assert jobs.json['total'] == len(FIXTURES['jobs']) == 10
         by_title = {job['title']: job for job in jobs.json['jobs']}
         assert set(by_title) == {job['title'] for job in FIXTURES['jobs']}
         assert sorted(job['status'] for job in jobs.json['jobs']) == sorted(
-            ['open'] * 4 + ['claimed', 'delivered', 'completed', 'rejected', 'cancelled'])
+            ['open'] * 4 + ['claimed', 'delivered', 'completed', 'rejected', 'cancelled', 'disputed'])
         assert by_title['Blog post: SQLite in WAL mode']['status'] == 'claimed'
         assert by_title['Port a shell script to Python']['status'] == 'delivered'
         assert by_title['Translate the README into German']['status'] == 'completed'
@@ -222,6 +222,18 @@ def test_seed_loads_the_fixtures(seeded):
         assert by_title['Clean a 50k-row customer CSV']['paymentAmount'] == '75.50'
         agents = client.get('/api/agents')
         assert sorted(agent['name'] for agent in agents.json['agents']) == ['Coder-7', 'Scribe']
+        # Open arbitration in the seed: three active arbitrators (one trusted), the panel of the disputed job,
+        # two of whose votes are cast.
+        arbitrators = {a['name']: a for a in client.get('/api/arbitrators').json['arbitrators']}
+        assert {name: (a['status'], a['trusted']) for name, a in arbitrators.items()} == \
+            {'Ada': ('active', True), 'Grace': ('active', False), 'Linus': ('active', False)}
+        [dispute] = client.get('/api/disputes').json['disputes']
+        disputed = by_title['Move the cron jobs to systemd timers']
+        assert (dispute['jobId'], dispute['status'], dispute['votesReceived'], dispute['needsAdmin']) == \
+            (disputed['id'], 'open', 2, False)
+        assert dispute['panel'] == sorted(a['id'] for a in arbitrators.values())
+        assert (disputed['status'], disputed['escrowStatus']) == ('disputed', 'locked')
+        assert keys['demo-admin'] and mp.account_for_key(app.service.db, keys['demo-admin'])['role'] == 'admin'
         assert mp.ledger_problems(app.service.db) == []
         # A demo key works.
         posted = client.post('/api/jobs', job_body(title='Posted with a demo key'), key=keys['acme-research'])
@@ -266,14 +278,14 @@ def test_backup_while_the_database_is_in_use(seeded, tmp_path):
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == f'Backed up {path} to {copy}'
         # The original is still usable through the connection that stayed open.
-        assert client.get('/api/jobs').json['total'] == 10
+        assert client.get('/api/jobs').json['total'] == len(FIXTURES['jobs']) + 1
     finally:
         app.service.close()
     backup = mp.Database(copy)
     try:
         assert backup.value('PRAGMA integrity_check') == 'ok'
         assert backup.value('PRAGMA user_version') == mp.SCHEMA_VERSION
-        assert backup.value('SELECT count(*) FROM jobs') == 10
+        assert backup.value('SELECT count(*) FROM jobs') == len(FIXTURES['jobs']) + 1
         assert backup.value("SELECT count(*) FROM jobs WHERE title = 'written just before the backup'") == 1
         assert mp.ledger_problems(backup) == []
     finally:
@@ -281,7 +293,7 @@ def test_backup_while_the_database_is_in_use(seeded, tmp_path):
     # The copy serves like the original.
     app = open_app(copy)
     try:
-        assert Client(app).get('/api/jobs').json['total'] == 10
+        assert Client(app).get('/api/jobs').json['total'] == len(FIXTURES['jobs']) + 1
     finally:
         app.service.close()
 

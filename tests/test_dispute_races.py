@@ -116,6 +116,8 @@ def job_row(path, job_id):
 # Concurrent votes ------------------------------------------------------------
 
 def test_seven_concurrent_votes_resolve_a_three_vote_dispute_once(tmp_path):
+    """Seven active arbitrators vote at once: the three of the dispute's panel are counted, the first two leave
+    it open and the third decides it, once; the four others are refused (403 not_on_panel)."""
     server = LiveServer(tmp_path / 'votes.db').start()
     try:
         _, requester_key = new_account(server, 'requester')
@@ -128,10 +130,15 @@ def test_seven_concurrent_votes_resolve_a_three_vote_dispute_once(tmp_path):
                           ADMIN_KEY)
             assert answer.status_code == 201, answer.text
             assert answer.json()['arbitrator']['accountId'] == account['id']
-            arbitrators.append((answer.json()['arbitrator']['id'], key))
+            arbitrator_id = answer.json()['arbitrator']['id']
+            assert patch(f'{server.url}/api/arbitrators/{arbitrator_id}', {'status': 'active'}, ADMIN_KEY).status_code \
+                == 200
+            arbitrators.append((arbitrator_id, key))
         job, claim_id = delivered_job(server, requester_key, agent, worker_key, paymentAmount='30.00')
         dispute = open_dispute(server, job['id'], claim_id, requester_key)
         assert dispute['requiredVotes'] == 3
+        panel = [i for i, (arbitrator_id, _) in enumerate(arbitrators) if arbitrator_id in dispute['panel']]
+        assert len(panel) == 3
         choices = ['worker'] * 5 + ['requester'] * 2
 
         answers = run_concurrently(7, lambda i: post(
@@ -139,10 +146,12 @@ def test_seven_concurrent_votes_resolve_a_three_vote_dispute_once(tmp_path):
             {'arbitratorId': arbitrators[i][0], 'vote': choices[i], 'reasoning': f'arbiter {i}'}, arbitrators[i][1]))
 
         assert all(isinstance(a, requests.Response) for a in answers), answers
-        assert sorted(a.status_code for a in answers) == [201] * 3 + [409] * 4, [a.text for a in answers]
+        assert sorted(a.status_code for a in answers) == [201] * 3 + [403] * 4, [a.text for a in answers]
         accepted = [(i, a.json()) for i, a in enumerate(answers) if a.status_code == 201]
-        for loser in (a for a in answers if a.status_code == 409):
-            assert_conflict(loser, 'dispute_resolved')
+        assert [i for i, _ in accepted] == panel
+        for i, refused in enumerate(answers):
+            if i not in panel:
+                assert (refused.json()['code'], refused.json()['status']) == ('not_on_panel', 403), refused.text
         deciding = [body for _, body in accepted if body['resolved']]
         assert len(deciding) == 1, accepted
         assert deciding[0]['votesReceived'] == 3

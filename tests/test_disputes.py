@@ -1,23 +1,27 @@
 """Disputes, arbitrators and community votes.
 
 CONTRACT.md sections 2 (who may do what), 3 (dispute on a delivery), 4 (reputation), 5 (disputes and
-arbitration) and 11 (parties, outcome null until resolved, accuracy and ranking), and SPEC.md's
+arbitration), 11 (parties, outcome null until resolved, accuracy and ranking) and 18 ("Arbitration cannot
+be bought": pending arbitrators, trusted ones, panels drawn at random, needsAdmin), and SPEC.md's
 Disputes and Community arbitration. Every path that settles a dispute is checked down to the job's
 payment records, the ledger accounts and the worker's reputation entries; the `app` fixture then
 checks that the whole ledger balances.
 """
 
+import random
 import re
 
 import pytest
+import requests
 
 import marketplace as mp
 from conftest import ADMIN_KEY, assert_error, Client, get_agent, in_hours, make_account, make_agent, Market, random_wallet
+from test_server import TIMEOUT, bearer, claim_and_deliver, get_job, new_account, new_job, post, register_agent
 
 ISO_MS_Z = re.compile(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$')
 DISPUTE_FIELDS = {'id', 'jobId', 'claimId', 'status', 'reason', 'outcome', 'resolution', 'resolvedBy',
-                  'requiredVotes', 'votesReceived', 'createdAt', 'resolvedAt'}
-ARBITRATOR_FIELDS = {'id', 'name', 'walletAddress', 'agentId', 'accountId', 'status', 'accuracy',
+                  'requiredVotes', 'votesReceived', 'panel', 'needsAdmin', 'createdAt', 'resolvedAt'}
+ARBITRATOR_FIELDS = {'id', 'name', 'walletAddress', 'agentId', 'accountId', 'status', 'trusted', 'accuracy',
                      'votesCast', 'createdAt'}
 VOTE_FIELDS = {'id', 'disputeId', 'arbitratorId', 'vote', 'reasoning', 'createdAt'}
 UNKNOWN_ID = '00000000-0000-4000-8000-000000000000'
@@ -44,16 +48,39 @@ def register_arbitrator(client, key, **body):
     return client.post('/api/arbitrators', body, key=key)
 
 
-def make_arbitrators(client, count, prefix='arbiter'):
-    """`count` human arbitrators, each owned by its own new member account: [(arbitrator, key)]."""
+def set_arbitrator(client, arbitrator, **body):
+    """PATCH /api/arbitrators/:id as the admin ({status}, {trusted} or both); the arbitrator as it is now."""
+    answer = client.patch(f'/api/arbitrators/{arbitrator["id"]}', body, key=ADMIN_KEY)
+    assert answer.status == 200, answer
+    return answer.json['arbitrator']
+
+
+def make_arbitrators(client, count, prefix='arbiter', trusted=False):
+    """`count` human arbitrators, each owned by its own new member account, registered (pending) and activated
+    (and trusted, if asked) by the admin: [(arbitrator, key)]."""
     made = []
     for number in range(count):
         account, key = make_account(client, f'{prefix}-{number}')
         answer = register_arbitrator(client, ADMIN_KEY, name=f'{prefix} {number}', accountId=account['id'])
         assert answer.status == 201, answer
-        assert answer.json['arbitrator']['accountId'] == account['id']
-        made.append((answer.json['arbitrator'], key))
+        assert (answer.json['arbitrator']['accountId'], answer.json['arbitrator']['status']) == \
+            (account['id'], 'pending')
+        extra = {'trusted': True} if trusted else {}
+        made.append((set_arbitrator(client, answer.json['arbitrator'], status='active', **extra), key))
     return made
+
+
+class ChosenPanels:
+    """Stands in for mp.PANEL_DRAW: each dispute opened gets the next panel of `panels` (lists of arbitrators),
+    which must be among the eligible ones."""
+
+    def __init__(self, *panels):
+        self.panels = [sorted(a['id'] for a in panel) for panel in panels]
+
+    def sample(self, eligible, size):
+        panel = self.panels.pop(0)
+        assert set(panel) <= set(eligible) and len(panel) == size, (panel, eligible, size)
+        return panel
 
 
 def vote(client, dispute, arbitrator, key, choice, reasoning='I read the deliverable.'):
@@ -162,7 +189,7 @@ def test_requester_disputes_a_delivery(market, client, app):
     assert {k: v for k, v in dispute.items() if k not in ('id', 'createdAt')} == {
         'jobId': job['id'], 'claimId': claim['id'], 'status': 'open', 'reason': 'Tests still fail.',
         'outcome': None, 'resolution': None, 'resolvedBy': None, 'requiredVotes': 3, 'votesReceived': 0,
-        'resolvedAt': None}
+        'panel': [], 'needsAdmin': True, 'resolvedAt': None}     # no arbitrator to draw a panel from
     assert (answer.json['job']['id'], answer.json['job']['status'], answer.json['job']['escrowStatus']) == \
         (job['id'], 'disputed', 'locked')
     shown = market.get_job(job)
@@ -314,7 +341,12 @@ def test_list_disputes_filters_and_pages(market, client):
     assert ids('?offset=5') == ([], 3, 50, 5)
     assert ids('?limit=500') == ([d3['id'], d2['id'], d1['id']], 3, 200, 0)
     listed = client.get('/api/disputes?status=resolved').json['disputes'][0]
-    assert (listed['status'], listed['outcome'], listed['resolvedBy']) == ('resolved', 'worker', 'admin')
+    assert (listed['status'], listed['outcome'], listed['resolvedBy'], listed['needsAdmin']) == \
+        ('resolved', 'worker', 'admin', False)
+    assert ids('?needsAdmin=true') == ([d3['id'], d2['id']], 2, 50, 0)      # no panel: no arbitrator yet
+    assert ids('?needsAdmin=false') == ([d1['id']], 1, 50, 0)
+    assert ids(f'?needsAdmin=true&job_id={job2["id"]}') == ([d2['id']], 1, 50, 0)
+    assert_error(client.get('/api/disputes?needsAdmin=yes'), 400, 'invalid_parameter')
 
     assert_error(client.get('/api/disputes?status=closed'), 400, 'invalid_parameter')
     assert_error(client.get('/api/disputes?job_id=12345'), 400, 'invalid_uuid')
@@ -362,25 +394,29 @@ def test_patch_for_the_requester_takes_one_point(market, client, app):
     assert_refunded_to_requester(market, app, job, claim, '25.00', score_after='4.00')
 
 
-def test_patch_by_an_uninvolved_arbitrator_owner(market, client, app):
+def test_patch_by_a_trusted_arbitrators_owner(market, client, app):
     job, claim, dispute = disputed_job(market)
-    [(arbitrator, key)] = make_arbitrators(client, 1, prefix='judge')
-    answer = resolve(client, dispute, 'worker', key=key)
+    [(arbitrator, key)] = make_arbitrators(client, 1, prefix='judge', trusted=True)
+    assert (arbitrator['status'], arbitrator['trusted']) == ('active', True)
+    answer = resolve(client, dispute, 'worker', key=key, resolvedBy='The Supreme Court')    # not theirs to name
     assert answer.status == 200, answer
-    assert (answer.json['dispute']['resolvedBy'], answer.json['jobStatus']) == ('judge-0', 'completed')
+    assert (answer.json['dispute']['resolvedBy'], answer.json['jobStatus']) == ('judge 0', 'completed')
     assert_paid_to_worker(market, app, job, claim, '25.00')
 
 
-def test_patch_by_the_owner_of_an_agent_arbitrator(market, client, app):
+def test_patch_by_the_owner_of_a_trusted_agent_arbitrator(market, client, app):
     job, claim, dispute = disputed_job(market)
     owner, owner_key = make_account(client, 'senior-agent-owner')
     agent, _ = make_agent(client, owner_key, name='senior')
     set_reputation(app, agent, 1000)
-    assert register_arbitrator(client, owner_key, agentId=agent['id']).status == 201
+    registered = register_arbitrator(client, owner_key, name='Senior bot', agentId=agent['id'])
+    assert (registered.status, registered.json['arbitrator']['status']) == (201, 'pending')
+    assert_error(resolve(client, dispute, 'requester', key=owner_key), 403, 'forbidden')
+    set_arbitrator(client, registered.json['arbitrator'], status='active', trusted=True)
     answer = resolve(client, dispute, 'requester', key=owner_key)
     assert answer.status == 200, answer
     assert (answer.json['dispute']['resolvedBy'], answer.json['jobStatus'], answer.json['escrowStatus']) == \
-        ('senior-agent-owner', 'refunded', 'refunded')
+        ('Senior bot', 'refunded', 'refunded')
     assert_refunded_to_requester(market, app, job, claim, '25.00')
 
 
@@ -388,25 +424,53 @@ def test_parties_cannot_decide_their_own_dispute(market, client, app):
     job, claim, dispute = disputed_job(market)
     assert_error(resolve(client, dispute, 'requester', key=market.requester_key), 403, 'conflict_of_interest')
     assert_error(resolve(client, dispute, 'worker', key=market.worker_key), 403, 'conflict_of_interest')
-    # Owning an active arbitrator does not change that.
+    # Owning a trusted, active arbitrator does not change that.
     human = register_arbitrator(client, ADMIN_KEY, accountId=market.requester['id'])
     assert human.status == 201, human
+    set_arbitrator(client, human.json['arbitrator'], status='active', trusted=True)
     set_reputation(app, market.agent, 1000)
     machine = register_arbitrator(client, market.worker_key, agentId=market.agent['id'])
     assert machine.status == 201, machine
+    set_arbitrator(client, machine.json['arbitrator'], status='active', trusted=True)
     assert_error(resolve(client, dispute, 'requester', key=market.requester_key), 403, 'conflict_of_interest')
     assert_error(resolve(client, dispute, 'worker', key=market.worker_key), 403, 'conflict_of_interest')
     assert_still_open(market, job, claim, dispute)
 
 
-def test_patch_needs_an_admin_or_an_active_arbitrator(market, client):
+@pytest.mark.parametrize('link', ['worker agent wallet', 'funding payer'])
+def test_a_trusted_arbitrator_linked_by_its_wallet_cannot_decide(market, client, app, link):
+    """Linked: its wallet is the worker agent's or the job's funding payer's (any letter case)."""
+    job, claim = market.delivered_job()
+    payer = random_wallet()
+    app.service.db.execute('UPDATE jobs SET refund_address = :a WHERE id = :id', {'a': payer, 'id': job['id']})
+    dispute = open_dispute(client, job, claim, market.requester_key)
+    wallet = market.agent['walletAddress'] if link == 'worker agent wallet' else payer
+    owner, key = make_account(client, 'sock-puppet')
+    answer = register_arbitrator(client, ADMIN_KEY, accountId=owner['id'], walletAddress='0x' + wallet[2:].upper())
+    set_arbitrator(client, answer.json['arbitrator'], status='active', trusted=True)
+    assert_error(resolve(client, dispute, 'worker', key=key), 403, 'conflict_of_interest')
+    assert_still_open(market, job, claim, dispute)
+    # The same owner with a second trusted arbitrator that has no link decides.
+    other = register_arbitrator(client, ADMIN_KEY, name='clean', accountId=owner['id']).json['arbitrator']
+    set_arbitrator(client, other, status='active', trusted=True)
+    answer = resolve(client, dispute, 'worker', key=key)
+    assert (answer.status, answer.json['dispute']['resolvedBy']) == (200, 'clean')
+    assert_paid_to_worker(market, app, job, claim, '25.00')
+
+
+def test_patch_needs_an_admin_or_a_trusted_active_arbitrator(market, client):
     job, claim, dispute = disputed_job(market)
     _, stranger_key = make_account(client, 'stranger')
     assert_error(resolve(client, dispute, 'worker', key=stranger_key), 403, 'forbidden')
-    [(arbitrator, key)] = make_arbitrators(client, 1)
-    suspended = client.patch(f'/api/arbitrators/{arbitrator["id"]}', {'status': 'suspended'}, key=ADMIN_KEY)
-    assert suspended.status == 200, suspended
-    assert_error(resolve(client, dispute, 'worker', key=key), 403, 'forbidden')
+    account, key = make_account(client, 'would-be-judge')
+    pending = register_arbitrator(client, ADMIN_KEY, accountId=account['id']).json['arbitrator']
+    assert_error(resolve(client, dispute, 'worker', key=key), 403, 'forbidden')        # pending
+    set_arbitrator(client, pending, trusted=True)
+    assert_error(resolve(client, dispute, 'worker', key=key), 403, 'forbidden')        # trusted, still pending
+    set_arbitrator(client, pending, status='active', trusted=False)
+    assert_error(resolve(client, dispute, 'worker', key=key), 403, 'forbidden')        # active, not trusted
+    set_arbitrator(client, pending, status='suspended', trusted=True)
+    assert_error(resolve(client, dispute, 'worker', key=key), 403, 'forbidden')        # trusted, suspended
     assert_error(resolve(client, dispute, 'worker', key=None), 401, 'unauthorized')
     assert_still_open(market, job, claim, dispute)
 
@@ -417,7 +481,7 @@ def test_a_resolved_dispute_stays_resolved(market, client, app):
     assert first.status == 200, first
     assert_error(resolve(client, dispute, 'requester'), 409, 'dispute_resolved')
     assert_error(resolve(client, dispute, 'worker'), 409, 'dispute_resolved')
-    [(arbitrator, key)] = make_arbitrators(client, 1)
+    [(arbitrator, key)] = make_arbitrators(client, 1, trusted=True)
     assert_error(resolve(client, dispute, 'requester', key=key), 409, 'dispute_resolved')
     assert get_dispute(client, dispute)['dispute'] == first.json['dispute']
     assert_paid_to_worker(market, app, job, claim, '25.00')
@@ -446,8 +510,9 @@ def test_patch_unknown_or_malformed_dispute(client):
 # Community votes ---------------------------------------------------------------
 
 def test_three_votes_two_to_one_for_the_worker(market, client, app):
-    job, claim, dispute = disputed_job(market, paymentAmount='60.00')
     (a, a_key), (b, b_key), (c, c_key) = make_arbitrators(client, 3)
+    job, claim, dispute = disputed_job(market, paymentAmount='60.00')
+    assert (dispute['panel'], dispute['needsAdmin']) == (sorted([a['id'], b['id'], c['id']]), False)
 
     first = vote(client, dispute, a, a_key, 'requester', 'Two tests are still red.')
     assert first.status == 201, first
@@ -490,8 +555,8 @@ def test_three_votes_two_to_one_for_the_worker(market, client, app):
 
 
 def test_three_votes_two_to_one_for_the_requester(market, client, app):
-    job, claim, dispute = disputed_job(market, paymentAmount='60.00')
     (a, a_key), (b, b_key), (c, c_key) = make_arbitrators(client, 3)
+    job, claim, dispute = disputed_job(market, paymentAmount='60.00')
     assert vote(client, dispute, a, a_key, 'worker').status == 201
     assert vote(client, dispute, b, b_key, 'requester').status == 201
     third = vote(client, dispute, c, c_key, 'requester')
@@ -519,8 +584,8 @@ def test_votes_before_any_is_cast(market, client):
 
 
 def test_an_arbitrator_votes_once(market, client):
+    (a, a_key), _, _ = make_arbitrators(client, 3)
     job, claim, dispute = disputed_job(market)
-    [(a, a_key)] = make_arbitrators(client, 1)
     assert vote(client, dispute, a, a_key, 'worker').status == 201
     assert_error(vote(client, dispute, a, a_key, 'worker'), 409, 'already_voted')
     assert_error(vote(client, dispute, a, a_key, 'requester'), 409, 'already_voted')
@@ -530,24 +595,26 @@ def test_an_arbitrator_votes_once(market, client):
 
 
 def test_no_vote_on_a_resolved_dispute(market, client, app):
+    arbitrators = make_arbitrators(client, 3)
     job, claim, dispute = disputed_job(market)
-    arbitrators = make_arbitrators(client, 4)
-    for (arbitrator, key), choice in zip(arbitrators[:3], ('worker', 'worker', 'requester')):
+    other_job, other_claim, other = disputed_job(market)
+    for (arbitrator, key), choice in zip(arbitrators, ('worker', 'worker', 'requester')):
         assert vote(client, dispute, arbitrator, key, choice).status == 201
-    late, late_key = arbitrators[3]
-    assert_error(vote(client, dispute, late, late_key, 'requester'), 409, 'dispute_resolved')
+    first, first_key = arbitrators[0]
+    assert_error(vote(client, dispute, first, first_key, 'requester'), 409, 'dispute_resolved')
+    [(late, late_key)] = make_arbitrators(client, 1, prefix='late')       # on no panel: refused before that
+    assert_error(vote(client, dispute, late, late_key, 'requester'), 403, 'not_on_panel')
     assert get_dispute(client, dispute)['dispute']['votesReceived'] == 3
     assert_paid_to_worker(market, app, job, claim, '25.00')
     # Resolved by PATCH: the same.
-    other_job, other_claim, other = disputed_job(market)
     assert resolve(client, other, 'worker').status == 200
-    assert_error(vote(client, other, late, late_key, 'worker'), 409, 'dispute_resolved')
+    assert_error(vote(client, other, first, first_key, 'worker'), 409, 'dispute_resolved')
     assert client.get(f'/api/disputes/{other["id"]}/vote').json['votes'] == []
 
 
 def test_vote_needs_the_arbitrators_owner(market, client):
+    (a, a_key), (b, b_key), _ = make_arbitrators(client, 3)
     job, claim, dispute = disputed_job(market)
-    (a, a_key), (b, b_key) = make_arbitrators(client, 2)
     assert_error(vote(client, dispute, a, b_key, 'worker'), 403, 'forbidden')
     _, stranger_key = make_account(client, 'stranger')
     assert_error(vote(client, dispute, a, stranger_key, 'worker'), 403, 'forbidden')
@@ -558,8 +625,8 @@ def test_vote_needs_the_arbitrators_owner(market, client):
 
 
 def test_suspended_arbitrator_cannot_vote(market, client):
+    (a, a_key), _, _ = make_arbitrators(client, 3)
     job, claim, dispute = disputed_job(market)
-    [(a, a_key)] = make_arbitrators(client, 1)
     assert client.patch(f'/api/arbitrators/{a["id"]}', {'status': 'suspended'}, key=ADMIN_KEY).status == 200
     assert_error(vote(client, dispute, a, a_key, 'worker'), 403, 'arbitrator_suspended')
     assert_still_open(market, job, claim, dispute)
@@ -573,9 +640,11 @@ def test_parties_cannot_vote(market, client, app):
     job, claim, dispute = disputed_job(market)
     human = register_arbitrator(client, ADMIN_KEY, name='requester as judge', accountId=market.requester['id'])
     assert human.status == 201, human
+    set_arbitrator(client, human.json['arbitrator'], status='active')
     set_reputation(app, market.agent, 1000)
     machine = register_arbitrator(client, market.worker_key, name='worker as judge', agentId=market.agent['id'])
     assert machine.status == 201, machine
+    set_arbitrator(client, machine.json['arbitrator'], status='active')
     assert_error(vote(client, dispute, human.json['arbitrator'], market.requester_key, 'requester'),
                  403, 'conflict_of_interest')
     assert_error(vote(client, dispute, machine.json['arbitrator'], market.worker_key, 'worker'),
@@ -592,8 +661,8 @@ def test_parties_cannot_vote(market, client, app):
     ({'arbitratorId': None}, 400, 'validation_failed'),
 ])
 def test_vote_body_is_checked(market, client, body, status, code):
+    (a, a_key), _, _ = make_arbitrators(client, 3)
     job, claim, dispute = disputed_job(market)
-    [(a, a_key)] = make_arbitrators(client, 1)
     full = {'arbitratorId': a['id'], 'vote': 'worker', 'reasoning': 'ok', **body}
     answer = client.post(f'/api/disputes/{dispute["id"]}/vote', full, key=a_key)
     assert_error(answer, status, code)
@@ -615,9 +684,9 @@ def five_votes(tmp_path):
 def test_required_votes_setting(five_votes):
     client = Client(five_votes)
     market = Market(client)
-    job, claim, dispute = disputed_job(market)
-    assert dispute['requiredVotes'] == 5
     arbitrators = make_arbitrators(client, 5)
+    job, claim, dispute = disputed_job(market)
+    assert (dispute['requiredVotes'], dispute['panel']) == (5, sorted(a['id'] for a, _ in arbitrators))
     choices = ['worker', 'requester', 'requester', 'worker', 'requester']
     for number, ((arbitrator, key), choice) in enumerate(zip(arbitrators[:4], choices), start=1):
         answer = vote(client, dispute, arbitrator, key, choice)
@@ -631,11 +700,13 @@ def test_required_votes_setting(five_votes):
 
 
 def test_a_dispute_keeps_the_required_votes_it_was_opened_with(market, client, app):
+    everyone = make_arbitrators(client, 5)
     job, claim, early = disputed_job(market)
     app.service.settings.required_votes = 5
     later_job, later_claim, later = disputed_job(market)
     assert (early['requiredVotes'], later['requiredVotes']) == (3, 5)
-    arbitrators = make_arbitrators(client, 3)
+    assert (len(early['panel']), len(later['panel'])) == (3, 5)
+    arbitrators = [(a, key) for a, key in everyone if a['id'] in early['panel']]
     for arbitrator, key in arbitrators:
         assert vote(client, later, arbitrator, key, 'worker').status == 201
     answers = [vote(client, early, arbitrator, key, 'worker') for arbitrator, key in arbitrators]
@@ -660,7 +731,7 @@ def test_admin_registers_human_arbitrators(client, app):
     assert ISO_MS_Z.match(arbitrator['createdAt'])
     assert {k: v for k, v in arbitrator.items() if k not in ('id', 'createdAt')} == {
         'name': 'Judge Dredd', 'walletAddress': wallet, 'agentId': None, 'accountId': owner['id'],
-        'status': 'active', 'accuracy': None, 'votesCast': 0}
+        'status': 'pending', 'trusted': False, 'accuracy': None, 'votesCast': 0}
     own = register_arbitrator(client, ADMIN_KEY, name='The admin')
     assert own.status == 201, own
     assert (own.json['arbitrator']['accountId'], own.json['arbitrator']['agentId']) == (admin_account_id(app), None)
@@ -694,7 +765,7 @@ def test_an_agent_with_ten_points_becomes_an_arbitrator(market, client, app):
     arbitrator = answer.json['arbitrator']
     assert {k: v for k, v in arbitrator.items() if k not in ('id', 'createdAt')} == {
         'name': 'Bot judge', 'walletAddress': wallet, 'agentId': market.agent['id'],
-        'accountId': market.worker['id'], 'status': 'active', 'accuracy': None, 'votesCast': 0}
+        'accountId': market.worker['id'], 'status': 'pending', 'trusted': False, 'accuracy': None, 'votesCast': 0}
     again = register_arbitrator(client, market.worker_key, agentId=market.agent['id'])
     assert_error(again, 409, 'already_arbitrator')
     assert arbitrator_list(client)['total'] == 1
@@ -727,26 +798,43 @@ def test_agent_arbitrator_earned_through_disputes_won(market, client, app):
 
 
 def test_only_admins_change_an_arbitrators_status(client):
-    [(a, a_key)] = make_arbitrators(client, 1)
-    assert_error(client.patch(f'/api/arbitrators/{a["id"]}', {'status': 'suspended'}, key=a_key), 403, 'forbidden')
-    assert_error(client.patch(f'/api/arbitrators/{a["id"]}', {'status': 'suspended'}), 401, 'unauthorized')
-    assert arbitrator_list(client)['arbitrators'][0]['status'] == 'active'
-    answer = client.patch(f'/api/arbitrators/{a["id"]}', {'status': 'suspended'}, key=ADMIN_KEY)
+    account, a_key = make_account(client, 'judge')
+    a = register_arbitrator(client, ADMIN_KEY, accountId=account['id']).json['arbitrator']
+    assert (a['status'], a['trusted']) == ('pending', False)
+    for body in ({'status': 'active'}, {'trusted': True}, {'status': 'suspended'}):
+        assert_error(client.patch(f'/api/arbitrators/{a["id"]}', body, key=a_key), 403, 'forbidden')
+        assert_error(client.patch(f'/api/arbitrators/{a["id"]}', body), 401, 'unauthorized')
+    assert [(x['status'], x['trusted']) for x in arbitrator_list(client)['arbitrators']] == [('pending', False)]
+    answer = client.patch(f'/api/arbitrators/{a["id"]}', {'status': 'active'}, key=ADMIN_KEY)
     assert answer.status == 200, answer
-    assert answer.json['arbitrator'] == dict(a, status='suspended')
+    assert answer.json['arbitrator'] == dict(a, status='active')
+    answer = client.patch(f'/api/arbitrators/{a["id"]}', {'trusted': True}, key=ADMIN_KEY)      # status stays
+    assert (answer.status, answer.json['arbitrator']) == (200, dict(a, status='active', trusted=True))
+    answer = client.patch(f'/api/arbitrators/{a["id"]}', {'status': 'suspended', 'trusted': False}, key=ADMIN_KEY)
+    assert (answer.status, answer.json['arbitrator']) == (200, dict(a, status='suspended', trusted=False))
     assert_error(client.patch(f'/api/arbitrators/{a["id"]}', {'status': 'retired'}, key=ADMIN_KEY),
                  400, 'validation_failed', {'status'})
+    assert_error(client.patch(f'/api/arbitrators/{a["id"]}', {'status': 'pending'}, key=ADMIN_KEY),
+                 400, 'validation_failed', {'status'})
+    assert_error(client.patch(f'/api/arbitrators/{a["id"]}', {'trusted': 'yes'}, key=ADMIN_KEY),
+                 400, 'validation_failed', {'trusted'})
+    assert_error(client.patch(f'/api/arbitrators/{a["id"]}', {}, key=ADMIN_KEY),
+                 400, 'validation_failed', {'status', 'trusted'})
+    assert_error(client.patch(f'/api/arbitrators/{a["id"]}', {'trusted': None}, key=ADMIN_KEY),
+                 400, 'validation_failed', {'status', 'trusted'})
+    assert arbitrator_list(client)['arbitrators'] == [dict(a, status='suspended')]
     assert_error(client.patch(f'/api/arbitrators/{UNKNOWN_ID}', {'status': 'active'}, key=ADMIN_KEY),
                  404, 'not_found')
     assert_error(client.patch('/api/arbitrators/x', {'status': 'active'}, key=ADMIN_KEY), 400, 'invalid_uuid')
 
 
-def test_arbitrators_ranked_by_accuracy_then_votes(market, client):
+def test_arbitrators_ranked_by_accuracy_then_votes(market, client, monkeypatch):
     arbitrators = make_arbitrators(client, 6)
     (a0, k0), (a1, k1), (a2, k2), (a3, k3), (a4, k4), (a5, k5) = arbitrators
     listed = arbitrator_list(client)
     assert (listed['total'], listed['limit'], listed['offset']) == (6, 50, 0)
     assert all(a['accuracy'] is None and a['votesCast'] == 0 for a in listed['arbitrators'])
+    monkeypatch.setattr(mp, 'PANEL_DRAW', ChosenPanels([a0, a1, a2], [a1, a2, a5], [a3, a4, a5], [a4, a0, a5]))
 
     # Dispute 1, decided 2-1 by vote for the worker: a0, a1 right, a2 wrong.
     _, _, d1 = disputed_job(market)
@@ -791,6 +879,10 @@ def test_arbitrators_ranked_by_accuracy_then_votes(market, client):
     active = arbitrator_list(client, '?status=active')
     assert ([a['id'] for a in active['arbitrators']], active['total']) == \
         ([a1['id'], a0['id'], a3['id'], a4['id'], a5['id']], 5)
+    newcomer = register_arbitrator(client, ADMIN_KEY, name='newcomer').json['arbitrator']
+    waiting = arbitrator_list(client, '?status=pending')
+    assert ([(a['id'], a['status']) for a in waiting['arbitrators']], waiting['total']) == \
+        ([(newcomer['id'], 'pending')], 1)
     assert_error(client.get('/api/arbitrators?status=retired'), 400, 'invalid_parameter')
     assert_error(client.get('/api/arbitrators?limit=0'), 400, 'invalid_parameter')
 
@@ -895,3 +987,202 @@ def test_a_first_wins_job_holds_one_open_dispute_at_a_time(client, market):
     claims = {c['id']: c['status'] for c in market.get_job(job)['claims']}
     assert claims == {first['id']: 'approved', second['id']: 'superseded'}
     assert [(p['type'], p['amount']) for p in market.get_job(job)['payments']] == [('escrow', '40.00'), ('release', '40.00')]
+
+
+# Panels (CONTRACT.md 18, "Arbitration cannot be bought") ------------------------------
+
+def test_a_panel_of_required_votes_is_drawn_when_a_dispute_opens(market, client, app):
+    arbitrators = make_arbitrators(client, 5)
+    pending = register_arbitrator(client, ADMIN_KEY, name='pending').json['arbitrator']
+    [(suspended, _)] = make_arbitrators(client, 1, prefix='benched')
+    set_arbitrator(client, suspended, status='suspended')
+    job, claim, dispute = disputed_job(market)
+    eligible = {a['id'] for a, _ in arbitrators}
+    assert (len(dispute['panel']), dispute['needsAdmin']) == (3, False)
+    assert set(dispute['panel']) <= eligible and dispute['panel'] == sorted(dispute['panel'])
+    stored = app.service.db.rows('SELECT arbitrator_id FROM dispute_panels WHERE dispute_id = :id ORDER BY 1',
+                                 {'id': dispute['id']})
+    assert [row['arbitrator_id'] for row in stored] == dispute['panel']
+    assert get_dispute(client, dispute)['dispute']['panel'] == dispute['panel']
+    assert pending['id'] not in dispute['panel'] and suspended['id'] not in dispute['panel']
+
+
+def test_only_the_panel_votes(market, client, monkeypatch):
+    arbitrators = make_arbitrators(client, 4)
+    (a, a_key), (b, b_key), (c, c_key), (outsider, outsider_key) = arbitrators
+    monkeypatch.setattr(mp, 'PANEL_DRAW', ChosenPanels([a, b, c]))
+    job, claim, dispute = disputed_job(market)
+    assert dispute['panel'] == sorted([a['id'], b['id'], c['id']])
+    assert_error(vote(client, dispute, outsider, outsider_key, 'worker'), 403, 'not_on_panel')
+    pending_owner, pending_key = make_account(client, 'pending-judge')
+    pending = register_arbitrator(client, ADMIN_KEY, accountId=pending_owner['id']).json['arbitrator']
+    assert_error(vote(client, dispute, pending, pending_key, 'worker'), 403, 'not_on_panel')
+    assert_still_open(market, job, claim, dispute)
+    assert vote(client, dispute, a, a_key, 'worker').status == 201
+    assert vote(client, dispute, b, b_key, 'worker').status == 201
+    assert_error(vote(client, dispute, outsider, outsider_key, 'requester'), 403, 'not_on_panel')
+    last = vote(client, dispute, c, c_key, 'requester')
+    assert (last.status, last.json['resolved'], last.json['outcome']) == (201, True, 'worker')
+
+
+@pytest.mark.parametrize('link', ['requester account', 'worker account', 'worker agent wallet', 'funding payer'])
+def test_a_linked_arbitrator_is_never_drawn(market, client, app, link):
+    """Four clean arbitrators and one linked: over ten disputes the linked one is never on a panel (nor may
+    it vote: conflict_of_interest), and three of the four others always are."""
+    clean = make_arbitrators(client, 4)
+    payer = random_wallet()
+    owner, key = {'requester account': (market.requester, market.requester_key),
+                  'worker account': (market.worker, market.worker_key)}.get(link) or make_account(client, 'puppet')
+    wallet = {'worker agent wallet': market.agent['walletAddress'], 'funding payer': payer}.get(link, random_wallet())
+    linked = register_arbitrator(client, ADMIN_KEY, name='linked', accountId=owner['id'],
+                                 walletAddress='0x' + wallet[2:].upper()).json['arbitrator']   # case-blind
+    linked = set_arbitrator(client, linked, status='active')
+    for _ in range(10):
+        job, claim = market.delivered_job()
+        app.service.db.execute('UPDATE jobs SET refund_address = :a WHERE id = :id', {'a': payer, 'id': job['id']})
+        dispute = open_dispute(client, job, claim, market.requester_key)
+        assert len(dispute['panel']) == 3 and set(dispute['panel']) <= {a['id'] for a, _ in clean}, dispute
+        assert dispute['needsAdmin'] is False
+    assert_error(vote(client, dispute, linked, key, 'worker'), 403, 'conflict_of_interest')
+    assert_still_open(market, job, claim, dispute)
+
+
+def test_a_short_panel_leaves_the_dispute_to_an_admin(market, client, app):
+    """Three active arbitrators, but one is the worker's: too few to draw three, so no panel and needsAdmin."""
+    make_arbitrators(client, 2)
+    set_reputation(app, market.agent, 1000)
+    mine = register_arbitrator(client, market.worker_key, agentId=market.agent['id']).json['arbitrator']
+    set_arbitrator(client, mine, status='active')
+    job, claim, dispute = disputed_job(market)
+    assert (dispute['panel'], dispute['needsAdmin']) == ([], True)
+    assert app.service.db.value('SELECT count(*) FROM dispute_panels') == 0
+    listed = client.get('/api/disputes?needsAdmin=true').json
+    assert ([d['id'] for d in listed['disputes']], listed['total']) == ([dispute['id']], 1)
+    assert_still_open(market, job, claim, dispute)
+    answer = resolve(client, dispute, 'requester')
+    assert (answer.status, answer.json['dispute']['needsAdmin'], answer.json['dispute']['panel']) == \
+        (200, False, [])
+    assert client.get('/api/disputes?needsAdmin=true').json['total'] == 0
+    assert_refunded_to_requester(market, app, job, claim, '25.00', score_after='9.00')
+
+
+def test_panels_are_drawn_at_random(market, client, monkeypatch):
+    """Five eligible arbitrators, panels of three: the draw (seeded here, SystemRandom in service) gives
+    different panels over twenty disputes, and every eligible arbitrator sits on some of them."""
+    monkeypatch.setattr(mp, 'PANEL_DRAW', random.Random(20260118))
+    arbitrators = make_arbitrators(client, 5)
+    panels = [tuple(disputed_job(market, paymentAmount='1.00')[2]['panel']) for _ in range(20)]
+    assert all(len(set(panel)) == 3 for panel in panels)
+    assert len(set(panels)) >= 5
+    assert {member for panel in panels for member in panel} == {a['id'] for a, _ in arbitrators}
+    monkeypatch.undo()
+    assert isinstance(mp.PANEL_DRAW, mp.secrets.SystemRandom)       # the service's own draw
+
+
+def test_a_dispute_open_past_the_timeout_needs_an_admin(market, client, app, real_clock):
+    arbitrators = make_arbitrators(client, 3)
+    job, claim, dispute = disputed_job(market)
+    assert (len(dispute['panel']), dispute['needsAdmin']) == (3, False)
+    opened = mp.parse_time(dispute['createdAt'])
+    real_clock.set(opened + mp.timedelta(hours=168) - mp.timedelta(milliseconds=1))
+    assert get_dispute(client, dispute)['dispute']['needsAdmin'] is False
+    assert client.get('/api/disputes?needsAdmin=true').json['total'] == 0
+    real_clock.set(opened + mp.timedelta(hours=168))
+    assert get_dispute(client, dispute)['dispute']['needsAdmin'] is True
+    listed = client.get('/api/disputes?needsAdmin=true').json
+    assert [d['id'] for d in listed['disputes']] == [dispute['id']]
+    assert listed['disputes'][0]['needsAdmin'] is True
+    assert client.get('/api/disputes?needsAdmin=false').json['total'] == 0
+    # Nothing moves on its own, sweeps included; the panel may still vote.
+    assert client.post('/api/jobs/expire', key=ADMIN_KEY).status == 200
+    assert client.post('/api/jobs/auto-verify', key=ADMIN_KEY).status == 200
+    assert_still_open(market, job, claim, dispute)
+    (a, a_key) = arbitrators[0]
+    assert vote(client, dispute, a, a_key, 'worker').status == 201
+    # A shorter --dispute-timeout-hours counts for disputes already open.
+    real_clock.set(opened + mp.timedelta(hours=24))
+    assert get_dispute(client, dispute)['dispute']['needsAdmin'] is False
+    app.service.settings.dispute_timeout_hours = 24
+    assert get_dispute(client, dispute)['dispute']['needsAdmin'] is True
+    assert resolve(client, dispute, 'worker').status == 200
+    assert get_dispute(client, dispute)['dispute']['needsAdmin'] is False
+    assert client.get('/api/disputes?needsAdmin=false').json['total'] == 1
+
+
+@pytest.fixture
+def open_arbitration(tmp_path):
+    settings = mp.Settings(db=str(tmp_path / 'open.db'), rate_limits='off', admin_key=ADMIN_KEY,
+                           public_url='http://market.test', open_arbitration=True)
+    app = mp.make_app(settings)
+    yield Client(app)
+    problems = mp.ledger_problems(app.service.db)
+    app.service.close()
+    assert problems == []
+
+
+def test_open_arbitration_activates_arbitrators_at_registration(open_arbitration):
+    client = open_arbitration
+    market = Market(client)
+    account, key = make_account(client, 'judge')
+    human = register_arbitrator(client, ADMIN_KEY, accountId=account['id']).json['arbitrator']
+    client.app.service.db.execute('UPDATE agents SET reputation = 1000 WHERE id = :id', {'id': market.agent['id']})
+    machine = register_arbitrator(client, market.worker_key, agentId=market.agent['id']).json['arbitrator']
+    assert [(a['status'], a['trusted']) for a in (human, machine)] == [('active', False), ('active', False)]
+    # Active is not trusted: deciding alone still needs an admin's word.
+    job, claim, dispute = disputed_job(market)
+    assert_error(resolve(client, dispute, 'worker', key=key), 403, 'forbidden')
+
+
+# The attack that made these rules: a farmed arbitrator deciding alone ---------------
+
+def test_a_farmed_arbitrator_cannot_take_a_strangers_escrow(live_server):
+    """One person with two accounts farms 10.00 reputation through ten 0.01 jobs, registers the agent as an
+    arbitrator and tries to release a stranger's disputed 300.00 to a third account's worker: refused at
+    every step, and the escrow stays locked."""
+    server = live_server
+    _, farm_key = new_account(server, 'farm-requester')
+    agent, agent_key = register_agent(server, 'farmed-agent')
+    for _ in range(10):
+        job = new_job(server, farm_key, paymentAmount='0.01')
+        claim_id = claim_and_deliver(server, job, agent['id'], agent_key)
+        answer = post(f'{server.url}/api/jobs/{job["id"]}/verify', {'claimId': claim_id, 'approved': True}, farm_key)
+        assert answer.status_code == 200, answer.text
+    farmed = requests.get(f'{server.url}/api/agents/{agent["id"]}', timeout=TIMEOUT).json()['agent']
+    assert farmed['reputationScore'] == '10.00'
+    answer = post(f'{server.url}/api/arbitrators', {'name': 'Fair judge', 'walletAddress': random_wallet(),
+                                                    'agentId': agent['id']}, agent_key)
+    assert answer.status_code == 201, answer.text
+    arbitrator = answer.json()['arbitrator']
+    assert (arbitrator['status'], arbitrator['trusted']) == ('pending', False)
+
+    _, victim_key = new_account(server, 'victim')
+    accomplice, accomplice_key = register_agent(server, 'accomplice')
+    job = new_job(server, victim_key, paymentAmount='300.00')
+    claim_id = claim_and_deliver(server, job, accomplice['id'], accomplice_key)
+    answer = post(f'{server.url}/api/jobs/{job["id"]}/dispute', {'claimId': claim_id, 'reason': 'Empty files.'},
+                  victim_key)
+    assert answer.status_code == 201, answer.text
+    dispute = answer.json()['dispute']
+    assert (dispute['panel'], dispute['needsAdmin']) == ([], True)
+
+    def attempts():
+        decide = requests.patch(f'{server.url}/api/disputes/{dispute["id"]}', headers=bearer(agent_key),
+                                json={'outcome': 'worker', 'resolution': 'Looks fine.', 'resolvedBy': 'community'},
+                                timeout=TIMEOUT)
+        voted = post(f'{server.url}/api/disputes/{dispute["id"]}/vote',
+                     {'arbitratorId': arbitrator['id'], 'vote': 'worker'}, agent_key)
+        return [(a.status_code, a.json()['code']) for a in (decide, voted)]
+
+    assert attempts() == [(403, 'forbidden'), (403, 'not_on_panel')]
+    answer = requests.patch(f'{server.url}/api/arbitrators/{arbitrator["id"]}', json={'status': 'active'},
+                            headers=bearer(ADMIN_KEY), timeout=TIMEOUT)
+    assert (answer.status_code, answer.json()['arbitrator']['status']) == (200, 'active')
+    assert attempts() == [(403, 'forbidden'), (403, 'not_on_panel')]      # active, but not trusted, not drawn
+
+    shown = requests.get(f'{server.url}/api/disputes/{dispute["id"]}', timeout=TIMEOUT).json()
+    assert (shown['dispute']['status'], shown['dispute']['votesReceived'], shown['dispute']['resolvedBy']) == \
+        ('open', 0, None)
+    state = get_job(server, job['id'])
+    assert (state['job']['status'], state['job']['escrowStatus']) == ('disputed', 'locked')
+    assert [c['status'] for c in state['claims']] == ['disputed']
+    assert [(p['type'], p['amount']) for p in state['payments']] == [('escrow', '300.00')]

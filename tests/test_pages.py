@@ -15,7 +15,8 @@ import responses
 
 import marketplace as mp
 from conftest import ADMIN_KEY, Client, Market, auto_verify, expire, get_agent, job_body, make_account, make_agent
-from test_disputes import make_arbitrators, open_dispute, register_arbitrator, resolve, set_reputation, vote
+from test_disputes import (make_arbitrators, open_dispute, register_arbitrator, resolve, set_arbitrator, set_reputation,
+                           vote)
 
 HTML = 'text/html; charset=utf-8'
 T0 = datetime(2030, 1, 2, 3, 4, tzinfo=timezone.utc)      # the frozen clock's start: '2030-01-02 03:04 UTC'
@@ -353,9 +354,12 @@ def test_user_text_is_escaped_on_every_page(app, market, client):
     # The API takes only RFC 3986 URLs now; one stored before (or by hand) must still be shown as text.
     app.service.db.execute("UPDATE claims SET deliverable = json_set(deliverable, '$.url', :url) WHERE id = :id",
                            {'url': 'https://example.com/a"b\'c<script>x', 'id': claim['id']})
-    dispute = open_dispute(client, job, claim, market.requester_key, reason='<script>alert(3)</script>')
     account, arbiter_key = make_account(client, 'arbiter owner')
     arbiter = register_arbitrator(client, ADMIN_KEY, name='<b>judge</b>', accountId=account['id']).json['arbitrator']
+    arbiter = set_arbitrator(client, arbiter, status='active', trusted=True)
+    make_arbitrators(client, 2)         # with the judge, the dispute's panel
+    dispute = open_dispute(client, job, claim, market.requester_key, reason='<script>alert(3)</script>')
+    assert arbiter['id'] in dispute['panel']
     assert vote(client, dispute, arbiter, arbiter_key, 'worker', '<script>alert(4)</script>').status == 201
 
     listed = market.job(title=XSS_SCRIPT)
@@ -407,6 +411,7 @@ def test_user_text_is_escaped_on_every_page(app, market, client):
         f'<title>Dispute: {escaped_script} · Job Marketplace</title>',
         'href="https://example.com/a&quot;b&#039;c&lt;script&gt;x"')
     has('/arbitrators', '<td>&lt;b&gt;judge&lt;/b&gt;</td>')
+    assert shown[f'/disputes/{dispute["id"]}'].find('ul', 'panel').find_all('li')[0].text() == '<b>judge</b> voted'
     # what the parser reads back is the user's text, unchanged
     assert shown[f'/jobs/{job["id"]}'].find('h1').text() == XSS_SCRIPT
     assert shown[f'/agents/{bold["id"]}'].find('h1').text() == '<b>bold</b>'
@@ -546,6 +551,7 @@ def test_job_page_of_a_cancelled_job_shows_cancelled(market, client, clock):
 
 
 def test_job_page_of_a_dispute_decided_by_votes_for_the_worker(market, client, clock):
+    arbiters = make_arbitrators(client, 3)
     job = market.job(title='Disputed job', paymentAmount='60.00')
     clock.advance(seconds=1)
     claim = market.claim(job)
@@ -560,7 +566,6 @@ def test_job_page_of_a_dispute_decided_by_votes_for_the_worker(market, client, c
     assert (disputed['when'], disputed['text'], disputed['links']) == (
         at(1), f'{at(1)} Disputed — It does not build. the dispute', [link])
 
-    arbiters = make_arbitrators(client, 3)
     clock.advance(minutes=1)
     for (arbiter, key), choice in zip(arbiters, ('worker', 'requester', 'worker')):
         assert vote(client, dispute, arbiter, key, choice).status == 201
@@ -820,6 +825,7 @@ def test_chart_of_a_new_agent_whose_first_delivery_is_rejected_stays_at_zero(mar
 # Disputes and arbitrators ------------------------------------------------------
 
 def test_dispute_page_before_and_after_the_votes(market, client, clock):
+    arbiters = make_arbitrators(client, 3, prefix='judge')       # the only three: the panel
     job = market.job(title='Argued job')
     claim = market.claim(job)
     deliver(market, job, claim, url='https://example.com/result')
@@ -836,9 +842,10 @@ def test_dispute_page_before_and_after_the_votes(market, client, clock):
     assert about[0].text() == 'About the delivery of worker-agent (its claim is disputed).'
     assert about[0].find('a').attrs['href'] == f'/agents/{market.agent["id"]}'
     assert [p.text() for p in page.find_all('p', 'empty')] == ['No vote yet.', 'Not decided yet.']
-    assert page.find_all('p', 'outcome') == []
+    assert page.find_all('p', 'outcome') == [] and page.find_all('p', 'needs-admin') == []
+    assert [li.text() for li in page.find('ul', 'panel').find_all('li')] == \
+        ['judge 0 has not voted', 'judge 1 has not voted', 'judge 2 has not voted']
 
-    arbiters = make_arbitrators(client, 3, prefix='judge')
     reasons = ['The tests are red.', 'It works for me.', 'All criteria are met.']
     for minute, ((arbiter, key), choice, reason) in enumerate(zip(arbiters, ('requester', 'worker', 'worker'),
                                                                   reasons), start=2):
@@ -857,6 +864,8 @@ def test_dispute_page_before_and_after_the_votes(market, client, clock):
     descriptions = [p.text() for p in page.find_all('p', 'description')]
     assert descriptions == ['Half of it is missing.', 'Community vote: 2 of 3 arbitrators decided for the worker.']
     assert [p for p in page.find_all('p', 'empty')] == []
+    assert [li.text() for li in page.find('ul', 'panel').find_all('li')] == \
+        ['judge 0 voted', 'judge 1 voted', 'judge 2 voted']
     about = [p for p in page.find_all('p') if p.text().startswith('About the delivery of')]
     assert about[0].text() == 'About the delivery of worker-agent (its claim is approved).'
 
@@ -866,20 +875,40 @@ def test_dispute_page_decided_by_an_admin_for_the_requester(market, client, cloc
     claim = market.claim(job)
     deliver(market, job, claim)
     dispute = open_dispute(client, job, claim, market.requester_key)
+    page = get_page(client, f'/disputes/{dispute["id"]}')       # no arbitrator: no panel, an admin's turn
+    assert page.find('p', 'needs-admin').text() == \
+        'Needs an admin: too few arbitrators without a link to the parties were active to draw a panel.'
+    assert [p.text() for p in page.find_all('p', 'empty')] == ['No panel was drawn.', 'No vote yet.',
+                                                                'Not decided yet.']
     clock.advance(minutes=9)
     assert resolve(client, dispute, 'requester').status == 200
     page = get_page(client, f'/disputes/{dispute["id"]}')
     assert page.find('p', 'outcome').text() == f'Decided for the requester on {at(9)} by admin.'
     assert page.find_all('p', 'description')[1].text() == 'Decided for the requester.'
-    assert [p.text() for p in page.find_all('p', 'empty')] == ['No vote yet.']
+    assert [p.text() for p in page.find_all('p', 'empty')] == ['No panel was drawn.', 'No vote yet.']
+    assert page.find_all('p', 'needs-admin') == []
+
+
+def test_dispute_page_of_a_dispute_open_too_long(market, client, clock):
+    make_arbitrators(client, 3)
+    job = market.job(title='Forgotten')
+    claim = market.claim(job)
+    deliver(market, job, claim)
+    dispute = open_dispute(client, job, claim, market.requester_key)
+    assert get_page(client, f'/disputes/{dispute["id"]}').find_all('p', 'needs-admin') == []
+    clock.advance(hours=168)
+    page = get_page(client, f'/disputes/{dispute["id"]}')
+    assert page.find('p', 'needs-admin').text() == 'Needs an admin: open for more than 168 hours.'
+    assert len(page.find('ul', 'panel').find_all('li')) == 3
 
 
 def test_arbitrators_page_with_status_accuracy_and_votes(market, client, app):
+    arbiters = make_arbitrators(client, 3)
+    set_arbitrator(client, arbiters[0][0], trusted=True)
     job = market.job()
     claim = market.claim(job)
     deliver(market, job, claim)
     dispute = open_dispute(client, job, claim, market.requester_key)
-    arbiters = make_arbitrators(client, 3)
     for (arbiter, key), choice in zip(arbiters, ('worker', 'requester', 'worker')):
         assert vote(client, dispute, arbiter, key, choice).status == 201
     assert register_arbitrator(client, ADMIN_KEY, name='idle').status == 201
@@ -893,9 +922,9 @@ def test_arbitrators_page_with_status_accuracy_and_votes(market, client, app):
 
     page = get_page(client, '/arbitrators')
     assert_frame(page, 'Arbitrators')
-    assert table_rows(page) == [['arbiter 0', 'active', '100%', '1'], ['arbiter 2', 'active', '100%', '1'],
-                                ['arbiter 1', 'active', '0%', '1'], ['idle', 'active', '—', '0'],
-                                ['clever arbiter', 'active', '—', '0'], ['benched', 'suspended', '—', '0']]
+    assert table_rows(page) == [['arbiter 0', 'active trusted', '100%', '1'], ['arbiter 2', 'active', '100%', '1'],
+                                ['arbiter 1', 'active', '0%', '1'], ['idle', 'pending', '—', '0'],
+                                ['clever arbiter', 'pending', '—', '0'], ['benched', 'suspended', '—', '0']]
     assert [(a.attrs['href'], a.text()) for a in page.find('tbody').find_all('a')] == \
         [(f'/agents/{clever["id"]}', 'clever arbiter')]
 

@@ -466,6 +466,10 @@ def test_dispute_page(server, desktop, requester_key):
     assert 'Half of the messages are still in English.' in page.locator('main').inner_text()
     assert page.locator('.facts .status').inner_text().lower() == 'open'
     assert page.get_by_role('link', name='dispute-worker').get_attribute('href') == f'/agents/{agent["id"]}'
+    # The demo's three active arbitrators are the panel; none has voted, and no admin is needed.
+    assert len(dispute['panel']) == 3 and page.locator('ul.panel > li').count() == 3
+    assert page.locator('ul.panel > li', has_text='has not voted').count() == 3
+    assert page.locator('p.needs-admin').count() == 0
     screenshot(page, 'dispute')
 
     desktop.open(server, f'/jobs/{job["id"]}')

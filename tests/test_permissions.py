@@ -152,16 +152,28 @@ class World:
         assert answer.status == 201, answer
         return job, claim, answer.json['dispute']
 
-    def arbitrator(self, account_id, status='active'):
-        """A human arbitrator owned by `account_id`, registered (and suspended, if asked) by the admin."""
-        answer = self.client.post('/api/arbitrators', {'name': 'arbitrator', 'walletAddress': random_wallet(),
+    def arbitrator(self, account_id, status='active', trusted=False, wallet=None, name='arbitrator'):
+        """A human arbitrator owned by `account_id`, registered (pending) by the admin, who then gives it the
+        status asked for and trusts it, if asked."""
+        answer = self.client.post('/api/arbitrators', {'name': name, 'walletAddress': wallet or random_wallet(),
                                                        'accountId': account_id}, key=ADMIN_KEY)
         assert answer.status == 201, answer
         arbitrator = answer.json['arbitrator']
-        if status != 'active':
-            answer = self.client.patch(f'/api/arbitrators/{arbitrator["id"]}', {'status': status}, key=ADMIN_KEY)
+        change = ({} if status == 'pending' else {'status': status}) | ({'trusted': True} if trusted else {})
+        if change:
+            answer = self.client.patch(f'/api/arbitrators/{arbitrator["id"]}', change, key=ADMIN_KEY)
             assert answer.status == 200, answer
+            arbitrator = answer.json['arbitrator']
         return arbitrator
+
+    def panelists(self, count):
+        """`count` active arbitrators of new accounts, [(arbitrator, key)]: with no other active one but the
+        arbiter's, the next dispute's panel."""
+        made = []
+        for n in range(count):
+            account, key = make_account(self.client, f'panelist-{n}')
+            made.append((self.arbitrator(account['id'], name=f'panelist {n}'), key))
+        return made
 
     def hooked(self):
         """A new member with an agent that has a webhook: (key, agent, webhook secret)."""
@@ -532,34 +544,41 @@ class Dispute(Row):
 
 @row('PATCH', '/api/disputes/<dispute_id>')
 class ResolveDispute(Row):
-    """An admin, or the owner of an active arbitrator who is not a party. Owner: `arbiter`, owner of an active
-    arbitrator; another member owns no arbitrator. The parties (each owning an active arbitrator too) get
-    403 `conflict_of_interest`; the owner of a suspended arbitrator only is 403 `forbidden`."""
+    """An admin, or the owner of a trusted, active arbitrator not linked to a party (CONTRACT.md 18). Owner:
+    `arbiter`, owner of the trusted, active arbitrator `Judge`; another member owns no arbitrator. The parties
+    (each owning a trusted, active arbitrator too) and the owner of a trusted arbitrator whose wallet is the
+    worker agent's get 403 `conflict_of_interest`; the owners of a suspended, a pending or an untrusted
+    (active) arbitrator 403 `forbidden`. Every body names resolvedBy: only the admin's counts."""
     extra = {'party: requester': 'conflict_of_interest', 'party: worker': 'conflict_of_interest',
-             'owner of a suspended arbitrator': 'forbidden'}
+             'owner of a linked trusted arbitrator': 'conflict_of_interest',
+             'owner of a suspended arbitrator': 'forbidden', 'owner of a pending arbitrator': 'forbidden',
+             'owner of an untrusted arbitrator': 'forbidden'}
 
     def setup(self, w, caller):
         job, claim, dispute = w.disputed()
-        w.arbitrator(w.arbiter['id'])
+        w.arbitrator(w.arbiter['id'], trusted=True, name='Judge')
         if caller == 'party: requester':
-            w.arbitrator(w.market.requester['id'])
+            w.arbitrator(w.market.requester['id'], trusted=True)
         if caller == 'party: worker':
-            w.arbitrator(w.market.worker['id'])
-        suspended_key = None
-        if caller == 'owner of a suspended arbitrator':
-            account, suspended_key = make_account(w.client, 'suspended')
-            w.arbitrator(account['id'], status='suspended')
-        return State(f'/api/disputes/{dispute["id"]}', {'outcome': 'worker', 'resolution': 'The work is done.'},
-                     w.arbiter_key, keys={'party: requester': w.requester_key, 'party: worker': w.worker_key,
-                                          'owner of a suspended arbitrator': suspended_key},
-                     job=job, claim=claim, dispute=dispute)
+            w.arbitrator(w.market.worker['id'], trusted=True)
+        own = {'owner of a linked trusted arbitrator': dict(trusted=True, wallet=w.market.agent['walletAddress']),
+               'owner of a suspended arbitrator': dict(status='suspended', trusted=True),
+               'owner of a pending arbitrator': dict(status='pending', trusted=True),
+               'owner of an untrusted arbitrator': dict()}
+        keys = {'party: requester': w.requester_key, 'party: worker': w.worker_key}
+        if caller in own:
+            account, keys[caller] = make_account(w.client, 'another-arbiter')
+            w.arbitrator(account['id'], **own[caller])
+        return State(f'/api/disputes/{dispute["id"]}',
+                     {'outcome': 'worker', 'resolution': 'The work is done.', 'resolvedBy': 'The community'},
+                     w.arbiter_key, keys=keys, job=job, claim=claim, dispute=dispute)
 
     def ok(self, w, s, answer, caller):
         body = answer.json
         dispute = body['dispute']
         assert (dispute['id'], dispute['status'], dispute['outcome'], dispute['resolution']) == \
             (s.dispute['id'], 'resolved', 'worker', 'The work is done.')
-        assert dispute['resolvedBy'] == {'owner': 'arbiter', 'admin': 'admin'}[caller]
+        assert dispute['resolvedBy'] == {'owner': 'Judge', 'admin': 'The community'}[caller]
         assert (body['jobStatus'], body['escrowStatus']) == ('completed', 'released')
         assert w.job_summary(s.job) == ('completed', 'released', ['approved'], ['escrow', 'release'])
 
@@ -571,27 +590,37 @@ class ResolveDispute(Row):
 
 @row('POST', '/api/disputes/<dispute_id>/vote')
 class Vote(Row):
-    """The caller owns `arbitratorId` (no admin clause), which is active and not a party's. Owner: `arbiter`
-    with its arbitrator; another member and the admin send the arbiter's arbitratorId. A party voting with
-    its own arbitrator gets 403 `conflict_of_interest`; a suspended arbitrator's owner `arbitrator_suspended`."""
+    """The caller owns `arbitratorId` (no admin clause), which is on the dispute's panel (CONTRACT.md 18), active
+    and not a party's. Owner: `arbiter` with its arbitrator, drawn with two others (the only active ones when the
+    dispute opened); another member and the admin send the arbiter's arbitratorId. A party voting with its own
+    arbitrator gets 403 `conflict_of_interest`; a suspended panel member's owner `arbitrator_suspended`; the owner
+    of an active arbitrator activated after the draw, or of a pending one, `not_on_panel`."""
     status = 201
     allowed = ('owner',)
     extra = {'party: requester': 'conflict_of_interest', 'party: worker': 'conflict_of_interest',
-             'owner of a suspended arbitrator': 'arbitrator_suspended'}
+             'owner of a suspended arbitrator': 'arbitrator_suspended',
+             'owner of an arbitrator off the panel': 'not_on_panel', 'owner of a pending arbitrator': 'not_on_panel'}
 
     def setup(self, w, caller):
-        job, claim, dispute = w.disputed()
         arbitrator = w.arbitrator(w.arbiter['id'])
+        panelists = w.panelists(2)
+        job, claim, dispute = w.disputed()
+        assert dispute['panel'] == sorted(a['id'] for a in [arbitrator] + [a for a, _ in panelists])
         keys, bodies = {}, {}
         own = {'party: requester': (w.market.requester['id'], w.requester_key, 'active'),
                'party: worker': (w.market.worker['id'], w.worker_key, 'active')}
-        if caller == 'owner of a suspended arbitrator':
-            account, key = make_account(w.client, 'suspended')
-            own[caller] = (account['id'], key, 'suspended')
+        if caller in ('owner of an arbitrator off the panel', 'owner of a pending arbitrator'):
+            account, key = make_account(w.client, 'newcomer')
+            own[caller] = (account['id'], key, 'active' if 'off the panel' in caller else 'pending')
         if caller in own:
             account_id, keys[caller], status = own[caller]
             theirs = w.arbitrator(account_id, status=status)
             bodies[caller] = {'arbitratorId': theirs['id'], 'vote': 'worker', 'reasoning': 'Looks done.'}
+        if caller == 'owner of a suspended arbitrator':       # a panel member, suspended since the draw
+            suspended, keys[caller] = panelists[0]
+            answer = w.client.patch(f'/api/arbitrators/{suspended["id"]}', {'status': 'suspended'}, key=ADMIN_KEY)
+            assert answer.status == 200, answer
+            bodies[caller] = {'arbitratorId': suspended['id'], 'vote': 'worker', 'reasoning': 'Looks done.'}
         return State(f'/api/disputes/{dispute["id"]}/vote',
                      {'arbitratorId': arbitrator['id'], 'vote': 'worker', 'reasoning': 'Looks done.'},
                      w.arbiter_key, bodies=bodies, keys=keys, job=job, dispute=dispute, arbitrator=arbitrator)
@@ -640,7 +669,8 @@ class PostArbitrator(Row):
         expected = {'owner': ('worker-arbitrator', s.agent['id'], w.market.worker['id']),
                     'admin': ('human-arbitrator', None, w.arbiter['id'])}[caller]
         assert (arbitrator['name'], arbitrator['agentId'], arbitrator['accountId']) == expected
-        assert (arbitrator['status'], arbitrator['votesCast'], arbitrator['accuracy']) == ('active', 0, None)
+        assert (arbitrator['status'], arbitrator['trusted'], arbitrator['votesCast'], arbitrator['accuracy']) == \
+            ('pending', False, 0, None)
         assert w.count('arbitrators') == 1
 
     def unchanged(self, w, s):
@@ -649,23 +679,26 @@ class PostArbitrator(Row):
 
 @row('PATCH', '/api/arbitrators/<arbitrator_id>')
 class PatchArbitrator(Row):
-    """Admins only (API_OPERATIONS, README "Disputes and arbitration"). Owner: the arbitrator's own account."""
+    """Admins only (API_OPERATIONS, README "Disputes and arbitration"): activating a pending arbitrator and
+    trusting it. Owner: the arbitrator's own account (it may not activate or trust itself)."""
     allowed = ('admin',)
     revoke = 'admin'
 
     def setup(self, w, caller):
-        arbitrator = w.arbitrator(w.arbiter['id'])
-        return State(f'/api/arbitrators/{arbitrator["id"]}', {'status': 'suspended'}, w.arbiter_key,
+        arbitrator = w.arbitrator(w.arbiter['id'], status='pending')
+        return State(f'/api/arbitrators/{arbitrator["id"]}', {'status': 'active', 'trusted': True}, w.arbiter_key,
                      arbitrator=arbitrator)
 
     def ok(self, w, s, answer, caller):
         arbitrator = answer.json['arbitrator']
-        assert (arbitrator['id'], arbitrator['status'], arbitrator['accountId']) == \
-            (s.arbitrator['id'], 'suspended', w.arbiter['id'])
-        assert w.arbitrator_row(s.arbitrator['id'])['status'] == 'suspended'
+        assert (arbitrator['id'], arbitrator['status'], arbitrator['trusted'], arbitrator['accountId']) == \
+            (s.arbitrator['id'], 'active', True, w.arbiter['id'])
+        row = w.arbitrator_row(s.arbitrator['id'])
+        assert (row['status'], row['trusted']) == ('active', 1)
 
     def unchanged(self, w, s):
-        assert w.arbitrator_row(s.arbitrator['id'])['status'] == 'active'
+        row = w.arbitrator_row(s.arbitrator['id'])
+        assert (row['status'], row['trusted']) == ('pending', 0)
 
 
 # Sweeps

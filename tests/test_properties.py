@@ -2,7 +2,8 @@
 
 A RuleBasedStateMachine drives the real app in-process through its HTTP API: requesters post jobs (every
 competition mode, 1-4 workers, odd amounts in USDC and USD), workers claim and deliver, requesters approve,
-reject, dispute and cancel, arbitrators vote, an admin resolves disputes, and the clock moves past
+reject, dispute and cancel, the arbitrators of a dispute's panel vote, an admin or a trusted arbitrator's
+owner resolves disputes, and the clock moves past
 deadlines and verification windows before the admin runs the sweeps. After every step the invariants of
 CONTRACT.md sections 3, 4, 5, 7 and 11 are checked against the database and the API:
 
@@ -17,6 +18,8 @@ CONTRACT.md sections 3, 4, 5, 7 and 11 are checked against the database and the 
   rounded down to the cent in all-paid), less a fee that is the fee percentage rounded down to the cent;
 - a live job's status follows its claims (disputed, delivered, claimed when every slot is taken, else
   open), and no job holds more claims than maxWorkers;
+- every dispute has a panel of requiredVotes arbitrators none of whom is linked to a party (or no panel and
+  needsAdmin), and only its panel's votes are counted;
 - every settled claim moved its agent's reputation once, by the contract's amount, floored at 0.00;
 - job_counts equals the real count of jobs by category and status.
 
@@ -102,6 +105,7 @@ DISPUTE_MOVES = {'open': {'resolved'}}
 START = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)   # a fixed clock: runs are reproducible
 UNITS = {'USDC': 10 ** 4, 'USD': 1}                         # base units in one cent
 N_REQUESTERS, N_WORKERS, N_ARBITRATORS = 2, 5, 5
+TRUSTED = (0, 3)        # the arbitrators whose owners may decide a dispute alone
 MAX_LIVE_JOBS = 4
 
 # Hypothesis draws the first values of a sampled_from most often: the first ones here are those whose all-paid
@@ -145,14 +149,19 @@ class MarketMachine(RuleBasedStateMachine):
             self.workers.append((agent, key))
             worker_accounts.append((account, key))
         # Three independent arbitrators, then one owned by worker 0's account and one by requester 0's: those
-        # two are parties to some disputes, where they may neither vote nor decide (403 conflict_of_interest).
+        # two are parties to some disputes, where they are never drawn and may neither vote nor decide (403
+        # conflict_of_interest). The admin activates all five (panels of three always fill) and trusts
+        # arbitrators 0 and 3 (3 is worker 0's): only their owners may decide a dispute alone.
         owners = [make_account(self.client, f'arbiter-{n}') for n in range(N_ARBITRATORS - 2)]
         owners += [worker_accounts[0], requesters[0]]
         self.arbitrators = []       # (arbitrator, key of its owner)
         for n, (account, key) in enumerate(owners):
             answer = self.client.post('/api/arbitrators', {'name': f'arbiter {n}', 'walletAddress': random_wallet(),
                                                            'accountId': account['id']}, key=ADMIN_KEY)
-            assert answer.status == 201, answer
+            assert (answer.status, answer.json['arbitrator']['status']) == (201, 'pending'), answer
+            answer = self.client.patch(f'/api/arbitrators/{answer.json["arbitrator"]["id"]}',
+                                       {'status': 'active', 'trusted': n in TRUSTED}, key=ADMIN_KEY)
+            assert answer.status == 200, answer
             self.arbitrators.append((answer.json['arbitrator'], key))
         self.job_ids, self.claim_ids, self.dispute_ids = [], [], []     # in creation order
         self.requester_of = {}      # job id -> requester key
@@ -243,6 +252,10 @@ class MarketMachine(RuleBasedStateMachine):
 
     def dispute_is_open(self, dispute_id):
         return self.db.value('SELECT status FROM disputes WHERE id = :id', {'id': dispute_id}) == 'open'
+
+    def panel(self, dispute_id):
+        return {row['arbitrator_id'] for row in self.db.rows(
+            'SELECT arbitrator_id FROM dispute_panels WHERE dispute_id = :id', {'id': dispute_id})}
 
     def parties(self, dispute_id):
         """The accounts a dispute is between (CONTRACT.md 11): the job's requester and the worker's owner."""
@@ -370,12 +383,11 @@ class MarketMachine(RuleBasedStateMachine):
         choice = data.draw(st.sampled_from(['worker', 'requester']), label='vote')
         voted = {row['arbitrator_id'] for row in self.db.rows(
             'SELECT arbitrator_id FROM votes WHERE dispute_id = :id', {'id': dispute})}
-        parties = self.parties(dispute)
+        parties, panel = self.parties(dispute), self.panel(dispute)
         number = self.pick(data, 'arbitrator', list(range(N_ARBITRATORS)),
-                           lambda n: self.arbitrators[n][0]['id'] not in voted
-                           and self.arbitrators[n][0]['accountId'] not in parties)
+                           lambda n: self.arbitrators[n][0]['id'] in panel - voted)
         judge, key = self.arbitrators[number]
-        expected = (self.dispute_is_open(dispute) and judge['id'] not in voted
+        expected = (self.dispute_is_open(dispute) and judge['id'] in panel - voted
                     and judge['accountId'] not in parties)
         note(f'arbitrator {number} votes {choice} on {self.label("dispute", dispute)}')
         self.call('POST', f'/api/disputes/{dispute}/vote',
@@ -387,11 +399,12 @@ class MarketMachine(RuleBasedStateMachine):
     def resolve(self, data):
         dispute = self.pick(data, 'dispute', self.dispute_ids, self.dispute_is_open)
         outcome = data.draw(st.sampled_from(['worker', 'requester']), label='outcome')
-        # the admin, or the owner of an active arbitrator who is not a party (CONTRACT.md 2)
+        # the admin, or the owner of a trusted, active arbitrator that is not a party's (CONTRACT.md 18)
         decider = data.draw(st.sampled_from(['admin'] + list(range(N_ARBITRATORS))), label='decided by')
         expected = self.dispute_is_open(dispute)
         if decider != 'admin':
-            expected = expected and self.arbitrators[decider][0]['accountId'] not in self.parties(dispute)
+            expected = expected and decider in TRUSTED and \
+                self.arbitrators[decider][0]['accountId'] not in self.parties(dispute)
         note(f'{"admin" if decider == "admin" else f"arbitrator {decider}"} decides '
              f'{self.label("dispute", dispute)} for the {outcome}')
         answer = self.call('PATCH', f'/api/disputes/{dispute}',
@@ -556,6 +569,19 @@ class MarketMachine(RuleBasedStateMachine):
             assert row['claim'] == want, row
             if row['status'] == 'open':
                 assert row['votes'] < row['required_votes'], row
+
+    @invariant()
+    def panels_are_full_and_unlinked(self):
+        """Five active arbitrators, at most two linked to a dispute: every panel fills, with no party's
+        arbitrator, and only panel members' votes are counted."""
+        for row in self.db.rows('SELECT id, required_votes, needs_admin FROM disputes'):
+            panel = self.panel(row['id'])
+            owners = {a['accountId'] for a, _ in self.arbitrators if a['id'] in panel}
+            assert (len(panel), row['needs_admin']) == (row['required_votes'], 0), row
+            assert not owners & self.parties(row['id']), row
+            voters = {v['arbitrator_id'] for v in self.db.rows('SELECT arbitrator_id FROM votes WHERE dispute_id = :id',
+                                                                 {'id': row['id']})}
+            assert voters <= panel, row
 
     @invariant()
     def payments_add_up_per_job(self):
