@@ -185,6 +185,29 @@ def test_keys_in_process(db_path, capsys):
     assert capsys.readouterr().out.strip() == 'no live key has that id'
 
 
+def test_a_new_marketplace_admin_key_revokes_the_old_one_at_start(db_path):
+    """MARKETPLACE_ADMIN_KEY=A, then B: A is revoked when B starts (here `sweep`, which starts the service as
+    `serve` does); starting with A again is refused."""
+    key_a, key_b = 'old-admin-key-' + 'a' * 32, 'new-admin-key-' + 'b' * 32
+    for key in (key_a, key_b):
+        done = cli(db_path, 'sweep', env={'MARKETPLACE_ADMIN_KEY': key})
+        assert done.returncode == 0, done.stderr
+    assert 'revoked 1 admin key(s) that MARKETPLACE_ADMIN_KEY named before' in done.stderr
+    listed = [line.split() for line in cli(db_path, 'keys', 'list').stdout.splitlines()]
+    assert [(prefix, role, name, state) for _, prefix, role, name, state, *_ in listed] == [
+        (key_a[:4] + '…', 'admin', 'admin', 'revoked'), (key_b[:4] + '…', 'admin', 'admin', 'live')]
+    app = open_app(db_path)
+    try:
+        client = Client(app)
+        assert client.post('/api/jobs/expire', key=key_a).status == 401
+        assert client.post('/api/jobs/expire', key=key_b).status == 200
+    finally:
+        app.service.close()
+    again = cli(db_path, 'sweep', env={'MARKETPLACE_ADMIN_KEY': key_a})
+    assert again.returncode == 2
+    assert 'the admin key was revoked: choose a new one' in again.stderr
+
+
 # seed ------------------------------------------------------------------------
 
 def test_seed_prints_four_demo_keys(seeded):
