@@ -360,7 +360,19 @@ def test_a_node_that_is_down_is_503_chain_unavailable_and_no_job(market, node, f
     assert node.methods() == ['eth_getTransactionReceipt']
 
 
-def test_a_usd_job_on_rail_stripe_stays_simulated(market, node):
+def test_a_usd_job_on_rail_stripe_is_refused_beside_real_money(market, node):
+    """Simulated money does not mix with real money (CONTRACT.md 18): free USD jobs would farm reputation."""
+    before = len(node.calls)
+    for body in ({'paymentCurrency': 'USD'}, {'paymentCurrency': 'USD', 'paymentRail': 'stripe'}):
+        answer = post_job(market, **body)
+        error = assert_error(answer, 400, 'rail_unavailable')
+        assert 'stripe' in error['error'] and 'base' in error['error']
+    assert count_jobs(market) == 0
+    assert len(node.calls) == before                   # refused before the node is asked anything
+
+
+def test_with_allow_simulated_rails_a_usd_job_on_rail_stripe_stays_simulated(started, node):
+    market = Market(Client(started(allow_simulated_rails=True)))
     before = len(node.calls)
     answer = post_job(market, paymentCurrency='USD')
     assert answer.status == 201, answer
