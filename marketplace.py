@@ -440,6 +440,7 @@ MIGRATIONS = {
         'before': '''
             ALTER TABLE accounts ADD COLUMN x402_exempt INTEGER NOT NULL DEFAULT 0;
             ALTER TABLE api_keys ADD COLUMN from_env INTEGER NOT NULL DEFAULT 0;
+            UPDATE api_keys SET from_env = 1 WHERE prefix LIKE '%…';   -- ensure_admin_key's prefix: 'abcd…'
             ALTER TABLE jobs ADD COLUMN claim_timeout_hours INTEGER NOT NULL DEFAULT 24;
             ALTER TABLE disputes ADD COLUMN needs_admin INTEGER NOT NULL DEFAULT 0;
             CREATE TABLE arbitrators_v4 (

@@ -507,6 +507,25 @@ def test_a_version_3_database_keeps_its_arbitrators_and_votes_and_agent_arbitrat
     db.close()
 
 
+def test_a_version_3_database_marks_the_admin_key_the_environment_made(tmp_path):
+    """So that the first start with another MARKETPLACE_ADMIN_KEY after the upgrade revokes it."""
+    path = tmp_path / 'old.db'
+    conn = version_3_demo(path)
+    old_key = 'old-env-admin-key-' + 'o' * 32
+    conn.execute('''INSERT INTO accounts VALUES ('adm', 'admin', 'admin', '2026-01-01T00:00:00.000Z');
+                    INSERT INTO api_keys VALUES ('k-env', 'adm', :hash, :prefix, '2026-01-01T00:00:00.000Z', NULL)''',
+                 {'hash': mp.hash_key(old_key), 'prefix': old_key[:4] + '…'})
+    conn.close()
+    app = mp.make_app(mp.Settings(db=str(path), rate_limits='off', admin_key='new-env-admin-key-' + 'n' * 32))
+    try:
+        keys = app.service.db.rows('SELECT id, from_env, revoked_at IS NOT NULL AS revoked FROM api_keys')
+        assert [(k['from_env'], k['revoked']) for k in keys if k['id'] == 'k-env'] == [(1, 1)]
+        assert {(k['from_env'], k['revoked']) for k in keys if k['id'] != 'k-env'} == {(0, 0), (1, 0)}   # seed, new
+        assert Client(app).post('/api/jobs/expire', key=old_key).status == 401
+    finally:
+        app.service.close()
+
+
 def test_a_version_2_database_gains_job_counts_of_its_jobs_and_the_list_indexes(tmp_path):
     path = tmp_path / 'old.db'
     conn = version_3_demo(path)       # back to version 2: no job_counts, the old status index
