@@ -1968,7 +1968,7 @@ def expire_claim(db, job, claim):
     set_job_status(db, job['id'], live_job_status(db, job))
 
 
-def release_claim(db, settings, job_id, claim_id, account):
+def release_claim(db, job_id, claim_id, account):
     """The requester (or an admin) ends a claim that timed out without delivering, before the sweep would;
     return (claim, job)."""
     with db.transaction():
@@ -4004,7 +4004,7 @@ def post_release(job_id, claim_id):
     job_id, claim_id = parse_uuid(job_id, 'jobId'), parse_uuid(claim_id, 'claimId')
     read_json_body(optional=True)    # nothing to read, but a malformed body is still a 400
     svc = service()
-    claim, job = release_claim(svc.db, svc.settings, job_id, claim_id, account)
+    claim, job = release_claim(svc.db, job_id, claim_id, account)
     return {'claim': claim_json(claim, True), 'job': job_json(job, svc.settings.base_url)}     # the requester's
 
 
