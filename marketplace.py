@@ -440,6 +440,7 @@ MIGRATIONS = {
         'before': '''
             ALTER TABLE accounts ADD COLUMN x402_exempt INTEGER NOT NULL DEFAULT 0;
             ALTER TABLE api_keys ADD COLUMN from_env INTEGER NOT NULL DEFAULT 0;
+            UPDATE api_keys SET from_env = 1 WHERE prefix LIKE '%…';   -- ensure_admin_key's prefix: 'abcd…'
             ALTER TABLE jobs ADD COLUMN claim_timeout_hours INTEGER NOT NULL DEFAULT 24;
             ALTER TABLE disputes ADD COLUMN needs_admin INTEGER NOT NULL DEFAULT 0;
             CREATE TABLE arbitrators_v4 (
@@ -707,6 +708,11 @@ def onchain_job(settings, job):
     """Does this job's money move on chain? Only in onchain mode, and only for a job funded on chain: a job
     created in simulated mode (the demo, or before --rpc-url was set) locked no USDC, so it pays none."""
     return settings.onchain is not None and job['escrow_tx_hash'] is not None
+
+
+def real_rails(settings):
+    """The rails that move real money: base in onchain mode (stripe is simulated until its real mode comes)."""
+    return {'base'} if settings.onchain is not None else set()
 
 
 def lock_escrow(db, job, funding=None):
@@ -1369,18 +1375,29 @@ def issue_key(db, account_id):
 
 
 def ensure_admin_key(db, key):
-    """Make `key` an admin key (MARKETPLACE_ADMIN_KEY), creating its account the first time."""
+    """Make `key` the admin key of the environment (MARKETPLACE_ADMIN_KEY), creating its account the first time,
+    and revoke every other key an earlier value of the variable made admin."""
     if len(key) < 32:
         raise ValueError('the admin key must be at least 32 characters long')
+    digest = hash_key(key)
     with db.transaction():
-        account_id = db.value('SELECT account_id FROM api_keys WHERE key_hash = :h', {'h': hash_key(key)})
-        if account_id:
-            db.execute("UPDATE accounts SET role = 'admin' WHERE id = :id", {'id': account_id})
-            return
-        account = {'id': new_id(), 'name': 'admin', 'role': 'admin', 'created_at': now_iso()}
-        db.insert('accounts', account)
-        db.insert('api_keys', {'id': new_id(), 'account_id': account['id'], 'key_hash': hash_key(key),
-                               'prefix': key[:4] + '…', 'created_at': now_iso(), 'revoked_at': None})
+        row = db.row('SELECT account_id, revoked_at FROM api_keys WHERE key_hash = :h', {'h': digest})
+        if row and row['revoked_at']:
+            raise ValueError('the admin key was revoked: choose a new one')
+        if row:
+            db.execute("UPDATE accounts SET role = 'admin' WHERE id = :id", {'id': row['account_id']})
+            db.execute('UPDATE api_keys SET from_env = 1 WHERE key_hash = :h', {'h': digest})
+        else:
+            account = {'id': new_id(), 'name': 'admin', 'role': 'admin', 'created_at': now_iso()}
+            db.insert('accounts', account)
+            db.insert('api_keys', {'id': new_id(), 'account_id': account['id'], 'key_hash': digest,
+                                   'prefix': key[:4] + '…', 'created_at': now_iso(), 'revoked_at': None,
+                                   'from_env': 1})
+        revoked = db.execute('''UPDATE api_keys SET revoked_at = :now
+                                WHERE from_env = 1 AND revoked_at IS NULL AND key_hash != :h''',
+                             {'now': now_iso(), 'h': digest})
+    if revoked:
+        log.warning('revoked %d admin key(s) that MARKETPLACE_ADMIN_KEY named before', revoked)
 
 
 def account_for_key(db, key):
@@ -1687,6 +1704,7 @@ def read_job_body(body, account):
         'competition_mode': form.choice('competitionMode', COMPETITION_MODES, default='first-wins'),
         'deadline': form.parsed('deadline', read_deadline, required=True),
         'verification_window_hours': form.integer('verificationWindowHours', default=24, low=1, high=720),
+        'claim_timeout_hours': form.integer('claimTimeoutHours', default=24, low=1, high=720),
         'min_reputation': form.parsed('minReputation', read_hundredths, default=0),
     }
     if job['amount_cents'] is not None and not 0 < job['amount_cents'] <= MAX_PAYMENT_CENTS:
@@ -1817,11 +1835,12 @@ def claim_job(db, settings, job_id, agent_id, account):
         if job['status'] not in takes_claims:
             raise Conflict(f'The job is {job["status"]} and takes no more claims.', code='job_not_open')
         require_open_deadline(job)
+        # an agent that let a claim time out may not take the slot again: it would freeze the job once more
         if db.value('''SELECT 1 FROM claims WHERE job_id = :job AND agent_id = :agent
-                       AND status IN ('claimed', 'delivered', 'disputed', 'approved')''',
+                       AND status IN ('claimed', 'delivered', 'disputed', 'approved', 'expired')''',
                     {'job': job_id, 'agent': agent_id}):
-            raise Conflict('This agent already holds a claim on the job (or was paid for it).',
-                           code='already_claimed')
+            raise Conflict('This agent already holds a claim on the job (or was paid for it, or let a claim on it '
+                           'expire).', code='already_claimed')
         if slots_taken(db, job) >= job['max_workers']:
             raise Conflict('Every worker slot of this job is taken.', code='already_claimed')
         if agent['reputation'] < job['min_reputation']:
@@ -1960,6 +1979,37 @@ def cancel_job(db, settings, job_id, account):
     return get_job(db, job_id)
 
 
+def claim_due(job, claim):
+    """When a claim times out if it has not delivered: claimTimeoutHours after it was made (as CLAIM_DUE_SQL)."""
+    return iso(parse_time(claim['created_at']) + timedelta(hours=job['claim_timeout_hours']))
+
+
+def expire_claim(db, job, claim):
+    """End a claim that never delivered, inside the caller's transaction: `expired`, with the expiry penalty;
+    its slot frees and the job's status follows its claims."""
+    set_claim_status(db, claim['id'], 'expired')
+    adjust_reputation(db, claim['agent_id'], *REPUTATION['expired'], job['id'], claim['id'])
+    set_job_status(db, job['id'], live_job_status(db, job))
+
+
+def release_claim(db, job_id, claim_id, account):
+    """The requester (or an admin) ends a claim that timed out without delivering, before the sweep would;
+    return (claim, job)."""
+    with db.transaction():
+        job = get_job(db, job_id)
+        require_requester(job, account)
+        claim = get_claim(db, job_id, claim_id)
+        if claim['status'] != 'claimed':
+            raise Conflict(f'The claim is {claim["status"]}; only a claim still waiting for its delivery can be '
+                           'released.', code='claim_not_claimed')
+        due = claim_due(job, claim)
+        if due > now_iso():
+            raise Conflict(f'The claim has until {due} to deliver (claimTimeoutHours: {job["claim_timeout_hours"]}).',
+                           code='claim_not_overdue')
+        expire_claim(db, job, claim)
+    return get_claim(db, job_id, claim_id), get_job(db, job_id)
+
+
 def money_sql(column):
     """SQL of format_cents: integer hundredths as a decimal string with two places."""
     return (f"printf('%s%d.%02d', CASE WHEN {column} < 0 THEN '-' ELSE '' END, abs({column}) / 100, "
@@ -1985,6 +2035,7 @@ JOB_FIELDS = (
     ('competitionMode', 'j.competition_mode', lambda job, base: job['competition_mode']),
     ('deadline', 'j.deadline', lambda job, base: job['deadline']),
     ('verificationWindowHours', 'j.verification_window_hours', lambda job, base: job['verification_window_hours']),
+    ('claimTimeoutHours', 'j.claim_timeout_hours', lambda job, base: job['claim_timeout_hours']),
     ('minReputation', money_sql('j.min_reputation'), lambda job, base: format_cents(job['min_reputation'])),
     ('escrowStatus', 'j.escrow_status', lambda job, base: job['escrow_status']),
     ('escrowTxHash', 'j.escrow_tx_hash', lambda job, base: job['escrow_tx_hash']),
@@ -2007,22 +2058,55 @@ def job_json(job, base_url):
     return {name: render(job, base_url) for name, _, render in JOB_FIELDS}
 
 
+# Who may read the deliverable of a claim `c` (CONTRACT.md 18, work is private until it is paid): the job's
+# requester, the worker's account, admins, and the owners of the arbitrators on the panel of a dispute over the
+# claim. :viewer is the reader's account id (null: anonymous), :admin 1 for an admin.
+DELIVERABLE_READERS_SQL = '''(:admin OR :viewer IN (
+    SELECT requester_id FROM jobs WHERE id = c.job_id
+    UNION ALL SELECT account_id FROM agents WHERE id = c.agent_id
+    UNION ALL SELECT b.account_id FROM disputes d JOIN dispute_panels p ON p.dispute_id = d.id
+              JOIN arbitrators b ON b.id = p.arbitrator_id WHERE d.claim_id = c.id))'''
+
+
+def reader_params(account):
+    """DELIVERABLE_READERS_SQL's parameters for the account reading (None: anonymous)."""
+    return {'viewer': account and account['id'], 'admin': int(is_admin(account))}
+
+
+def readable_claims(db, where, params, account):
+    """The claims `where` selects (SQL over `c`, with its ORDER BY), each with `readable`: whether `account`
+    may read its deliverable."""
+    return db.rows(f'SELECT c.*, {DELIVERABLE_READERS_SQL} AS readable FROM claims c WHERE {where}',
+                   dict(params, **reader_params(account)))
+
+
+def deliverable_json(claim, readable):
+    """A claim's deliverable: whole for its readers, {type, delivered: true} for everyone else, null before."""
+    if not claim['deliverable']:
+        return None
+    deliverable = orjson.loads(claim['deliverable'])
+    return deliverable if readable else {'type': deliverable.get('type'), 'delivered': True}
+
+
 # Claims and payments as the API shows them, as JOB_FIELDS: SQLite renders a job's page of GET /api/jobs/:id
-# whole (JOB_DETAIL_SQL); claim_json and payment_json are the same in Python.
+# whole (JOB_DETAIL_SQL); claim_json and payment_json are the same in Python. A claim's renderer also takes
+# whether the reader may see its deliverable.
 CLAIM_FIELDS = (
-    ('id', 'c.id', lambda claim: claim['id']),
-    ('jobId', 'c.job_id', lambda claim: claim['job_id']),
-    ('agentId', 'c.agent_id', lambda claim: claim['agent_id']),
-    ('status', 'c.status', lambda claim: claim['status']),
-    ('deliverable', 'json(c.deliverable)',
-     lambda claim: orjson.loads(claim['deliverable']) if claim['deliverable'] else None),
-    ('deliveredAt', 'c.delivered_at', lambda claim: claim['delivered_at']),
-    ('verifiedAt', 'c.verified_at', lambda claim: claim['verified_at']),
-    ('verificationReason', 'c.verification_reason', lambda claim: claim['verification_reason']),
+    ('id', 'c.id', lambda claim, readable: claim['id']),
+    ('jobId', 'c.job_id', lambda claim, readable: claim['job_id']),
+    ('agentId', 'c.agent_id', lambda claim, readable: claim['agent_id']),
+    ('status', 'c.status', lambda claim, readable: claim['status']),
+    ('deliverable', f'''CASE WHEN c.deliverable IS NULL THEN NULL WHEN {DELIVERABLE_READERS_SQL}
+        THEN json(c.deliverable)
+        ELSE json_object('type', json_extract(c.deliverable, '$.type'), 'delivered', json('true')) END''',
+     deliverable_json),
+    ('deliveredAt', 'c.delivered_at', lambda claim, readable: claim['delivered_at']),
+    ('verifiedAt', 'c.verified_at', lambda claim, readable: claim['verified_at']),
+    ('verificationReason', 'c.verification_reason', lambda claim, readable: claim['verification_reason']),
     ('autoApproved', "json(CASE WHEN c.auto_approved THEN 'true' ELSE 'false' END)",
-     lambda claim: bool(claim['auto_approved'])),
-    ('createdAt', 'c.created_at', lambda claim: claim['created_at']),
-    ('updatedAt', 'c.updated_at', lambda claim: claim['updated_at']),
+     lambda claim, readable: bool(claim['auto_approved'])),
+    ('createdAt', 'c.created_at', lambda claim, readable: claim['created_at']),
+    ('updatedAt', 'c.updated_at', lambda claim, readable: claim['updated_at']),
 )
 UNIT_DIVISORS_SQL = 'CASE p.currency ' + ' '.join(f"WHEN '{currency}' THEN {10 ** (places - 2)}"
                                                   for currency, places in DECIMALS.items()) + ' END'
@@ -2039,7 +2123,8 @@ PAYMENT_FIELDS = (
     ('createdAt', 'p.created_at', lambda payment: payment['created_at']),
 )
 # GET /api/jobs/:id in one statement: the job, its claims (oldest first) and its payments (in the order money
-# moved), as job_detail builds them in Python. (A subquery's JSON comes back as text: json() makes it JSON again.)
+# moved), as job_detail builds them in Python; deliverables as :viewer and :admin may read them (reader_params).
+# (A subquery's JSON comes back as text: json() makes it JSON again.)
 JOB_DETAIL_SQL = f'''SELECT json_object(
     'job', {JOB_JSON_SQL},
     'claims', json((SELECT json_group_array({json_object_sql(CLAIM_FIELDS)} ORDER BY c.created_at, c.rowid)
@@ -2049,8 +2134,9 @@ JOB_DETAIL_SQL = f'''SELECT json_object(
     FROM ({JOB_SELECT} WHERE j.id = :id) j'''
 
 
-def claim_json(claim):
-    return {name: render(claim) for name, _, render in CLAIM_FIELDS}
+def claim_json(claim, readable):
+    """A claim as the API shows it; `readable`: whether the reader may see its deliverable (deliverable_json)."""
+    return {name: render(claim, readable) for name, _, render in CLAIM_FIELDS}
 
 
 def payment_json(payment):
@@ -2357,12 +2443,18 @@ def vote_json(vote):
 # Sweeps: expiry and auto-verification ########################################
 ###############################################################################
 
+# When a claim made at c.created_at on job j times out (claimTimeoutHours later), as an ISO time that sorts.
+CLAIM_DUE_SQL = "strftime('%Y-%m-%dT%H:%M:%fZ', c.created_at, printf('+%d hours', j.claim_timeout_hours))"
+
+
 def expire_overdue_jobs(db, settings):
     """End the jobs whose deadline has passed; expire claims that never delivered (with a penalty).
 
     A job with a delivery or a dispute waiting is left to auto-verify and the arbitrators; its claims
     that never delivered still expire. A multi-worker job that paid someone ends `completed`, its
-    unpaid shares refunded. Each job is its own transaction, so the sweep can be interrupted anywhere.
+    unpaid shares refunded. Then every claim of a job still running that is `claimed` claimTimeoutHours
+    after it was made expires too, and its slot frees (CONTRACT.md 18; counted in reputationPenalties).
+    Each job is its own transaction, so the sweep can be interrupted anywhere.
     """
     result = {'expired': 0, 'refunded': 0, 'reputationPenalties': 0, 'jobIds': []}
     overdue = [row['id'] for row in db.rows('''SELECT id FROM jobs WHERE deadline <= :now
@@ -2379,6 +2471,17 @@ def expire_overdue_jobs(db, settings):
         if ended:
             result['expired'] += 1
             result['jobIds'].append(job_id)
+    overdue_claims = db.rows(f'''SELECT c.id, c.job_id FROM claims c JOIN jobs j ON j.id = c.job_id
+        WHERE c.status = 'claimed' AND j.status IN ('open', 'claimed', 'delivered', 'disputed')
+        AND j.deadline > :now AND {CLAIM_DUE_SQL} <= :now
+        ORDER BY c.created_at, c.rowid''', {'now': now_iso()})
+    for row in overdue_claims:
+        time.sleep(0)     # as above
+        with db.transaction():
+            claim = get_claim(db, row['job_id'], row['id'])
+            if claim['status'] == 'claimed':        # not delivered or released since the list was read
+                expire_claim(db, get_job(db, row['job_id']), claim)
+                result['reputationPenalties'] += 1
     return result
 
 
@@ -3451,14 +3554,15 @@ AGENT_HISTORY = 200     # reputation changes an agent's detail shows
 
 
 def agent_detail(db, agent_id, viewer=None):
-    """An agent with its 50 newest claims and 200 newest reputation changes, as GET /api/agents/:id shows it."""
+    """An agent with its 50 newest claims and 200 newest reputation changes, as GET /api/agents/:id shows it
+    to `viewer` (an account, or None)."""
     agent = get_agent(db, agent_id)
-    claims = db.rows('SELECT * FROM claims WHERE agent_id = :id ORDER BY created_at DESC, rowid DESC LIMIT 50',
-                     {'id': agent['id']})
+    claims = readable_claims(db, 'c.agent_id = :id ORDER BY c.created_at DESC, c.rowid DESC LIMIT 50',
+                             {'id': agent['id']}, viewer)
     history = db.rows('''SELECT * FROM reputation_events WHERE agent_id = :id
                          ORDER BY created_at DESC, rowid DESC LIMIT :limit''',
                       {'id': agent['id'], 'limit': AGENT_HISTORY})
-    return {'agent': agent_json(agent, viewer), 'claims': [claim_json(c) for c in claims],
+    return {'agent': agent_json(agent, viewer), 'claims': [claim_json(c, c['readable']) for c in claims],
             'reputationHistory': [reputation_json(e) for e in history]}
 
 
@@ -3914,6 +4018,11 @@ def post_job():
     svc = service()
     body = read_json_body()
     fields = read_job_body(body, account)
+    real = real_rails(svc.settings)
+    if real and fields['rail'] not in real and not svc.settings.allow_simulated_rails:
+        # simulated money must not mix with real money: free jobs would farm the reputation real ones earn
+        raise BadRequest(f'Rail {fields["rail"]} is only simulated on this service, which moves real money on '
+                         f'{" and ".join(sorted(real))}: post the job there.', code='rail_unavailable')
     if svc.settings.onchain and fields['rail'] == 'base':
         job, created = create_funded_job(svc, fields, body, account)
     else:
@@ -3924,12 +4033,12 @@ def post_job():
     return {'job': job_json(job, svc.settings.base_url)}
 
 
-def job_detail(db, job_id, base_url):
-    """A job with its claims and payments, as GET /api/jobs/:id shows it (and its page)."""
+def job_detail(db, job_id, base_url, viewer=None):
+    """A job with its claims and payments, as GET /api/jobs/:id shows it to `viewer` (and its page to anyone)."""
     job = get_job(db, job_id)
-    claims = db.rows('SELECT * FROM claims WHERE job_id = :id ORDER BY created_at, rowid', {'id': job['id']})
+    claims = readable_claims(db, 'c.job_id = :id ORDER BY c.created_at, c.rowid', {'id': job['id']}, viewer)
     payments = db.rows('SELECT * FROM payments WHERE job_id = :id ORDER BY seq', {'id': job['id']})
-    return {'job': job_json(job, base_url), 'claims': [claim_json(c) for c in claims],
+    return {'job': job_json(job, base_url), 'claims': [claim_json(c, c['readable']) for c in claims],
             'payments': [payment_json(p) for p in payments]}
 
 
@@ -3937,7 +4046,8 @@ def job_detail(db, job_id, base_url):
 def show_job(job_id):
     """job_detail, rendered by SQLite in one statement (JOB_DETAIL_SQL; make bench: 0.48 → 0.6 of the ceiling)."""
     svc = service()
-    text = svc.db.value(JOB_DETAIL_SQL, {'id': parse_uuid(job_id, 'jobId'), 'base': svc.settings.base_url})
+    text = svc.db.value(JOB_DETAIL_SQL, {'id': parse_uuid(job_id, 'jobId'), 'base': svc.settings.base_url,
+                                         **reader_params(caller())})
     if text is None:
         raise NotFound('No job has this id.')
     response.content_type = JSON_TYPE
@@ -3961,7 +4071,7 @@ def post_claim(job_id):
         agent_id = owned[0]
     claim = claim_job(svc.db, svc.settings, job_id, agent_id, account)
     response.status = 201
-    return {'claim': claim_json(claim), 'job': job_json(get_job(svc.db, job_id), svc.settings.base_url)}
+    return {'claim': claim_json(claim, True), 'job': job_json(get_job(svc.db, job_id), svc.settings.base_url)}
 
 
 @route('POST', '/api/jobs/<job_id>/deliver', limit='job_action')
@@ -3972,7 +4082,7 @@ def post_delivery(job_id):
     claim_id, deliverable = read_deliverable(read_json_body())
     svc = service()
     claim, job = deliver_claim(svc.db, svc.settings, job_id, claim_id, deliverable, account)
-    return {'claim': claim_json(claim), 'job': job_json(job, svc.settings.base_url)}
+    return {'claim': claim_json(claim, True), 'job': job_json(job, svc.settings.base_url)}     # the worker's own
 
 
 @route('POST', '/api/jobs/<job_id>/verify', limit='job_action')
@@ -3986,7 +4096,7 @@ def post_verify(job_id):
     form.done()
     svc = service()
     job, claim, payments = verify_claim(svc.db, svc.settings, job_id, claim_id, approved, account, reason or None)
-    return {'job': job_json(job, svc.settings.base_url), 'claim': claim_json(claim),
+    return {'job': job_json(job, svc.settings.base_url), 'claim': claim_json(claim, True),     # the requester's
             'escrowStatus': job['escrow_status'], 'payments': [payment_json(p) for p in payments]}
 
 
@@ -3997,6 +4107,16 @@ def post_cancel(job_id):
     svc = service()
     job = cancel_job(svc.db, svc.settings, parse_uuid(job_id, 'jobId'), account)
     return {'job': job_json(job, svc.settings.base_url)}
+
+
+@route('POST', '/api/jobs/<job_id>/claims/<claim_id>/release', limit='job_action')
+def post_release(job_id, claim_id):
+    account = require_account()
+    job_id, claim_id = parse_uuid(job_id, 'jobId'), parse_uuid(claim_id, 'claimId')
+    read_json_body(optional=True)    # nothing to read, but a malformed body is still a 400
+    svc = service()
+    claim, job = release_claim(svc.db, job_id, claim_id, account)
+    return {'claim': claim_json(claim, True), 'job': job_json(job, svc.settings.base_url)}     # the requester's
 
 
 # Search, matching and the stream ---------------------------------------------
@@ -4161,18 +4281,19 @@ def get_disputes():
             'total': db.value('SELECT count(*) FROM disputes d' + clause, params), 'limit': limit, 'offset': offset}
 
 
-def dispute_detail(db, dispute_id, settings):
-    """A dispute with its job and the disputed claim, as GET /api/disputes/:id shows it."""
+def dispute_detail(db, dispute_id, settings, viewer=None):
+    """A dispute with its job and the disputed claim, as GET /api/disputes/:id shows it to `viewer`."""
     dispute = get_dispute(db, dispute_id)
+    (claim,) = readable_claims(db, 'c.id = :id', {'id': dispute['claim_id']}, viewer)
     return {'dispute': dispute_json(dispute, settings),
             'job': job_json(get_job(db, dispute['job_id']), settings.base_url),
-            'claim': claim_json(get_claim(db, dispute['job_id'], dispute['claim_id']))}
+            'claim': claim_json(claim, claim['readable'])}
 
 
 @route('GET', '/api/disputes/<dispute_id>')
 def show_dispute(dispute_id):
     svc = service()
-    return dispute_detail(svc.db, parse_uuid(dispute_id, 'disputeId'), svc.settings)
+    return dispute_detail(svc.db, parse_uuid(dispute_id, 'disputeId'), svc.settings, caller())
 
 
 @route('PATCH', '/api/disputes/<dispute_id>', limit=None)
@@ -4563,6 +4684,8 @@ JOB_SCHEMA = closed_object({
     'competitionMode': {'type': 'string', 'enum': list(COMPETITION_MODES)},
     'deadline': TIME_SCHEMA,
     'verificationWindowHours': {'type': 'integer', 'minimum': 1, 'maximum': 720},
+    'claimTimeoutHours': {'type': 'integer', 'minimum': 1, 'maximum': 720,
+                          'description': 'Hours a claim may stay undelivered before it expires and frees its slot.'},
     'minReputation': MONEY_SCHEMA,
     'escrowStatus': {'type': 'string', 'enum': ['locked', 'released', 'refunded']},
     'escrowTxHash': nullable(TX_HASH_SCHEMA),
@@ -4604,11 +4727,19 @@ API_SCHEMAS = {
         'agentId': UUID_SCHEMA,
         'status': {'type': 'string', 'enum': ['claimed', 'delivered', 'approved', 'rejected', 'disputed',
                                               'expired', 'superseded']},
-        'deliverable': nullable(closed_object({
-            'type': {'type': 'string', 'minLength': 1, 'maxLength': 50, 'examples': ['url', 'pull_request']},
-            'url': URL_SCHEMA,
-            'notes': {'type': 'string', 'maxLength': 5000},
-        }, optional=['notes'])),
+        'deliverable': {'description': "Null until delivered. Whole only for the job's requester, the worker's "
+                                       "account, admins and the arbitrators on the panel of a dispute over the "
+                                       "claim; everyone else gets {type, delivered: true}.", 'anyOf': [
+            closed_object({
+                'type': {'type': 'string', 'minLength': 1, 'maxLength': 50, 'examples': ['url', 'pull_request']},
+                'url': URL_SCHEMA,
+                'notes': {'type': 'string', 'maxLength': 5000},
+            }, optional=['notes']),
+            closed_object({
+                'type': {'type': 'string', 'minLength': 1, 'maxLength': 50, 'examples': ['url', 'pull_request']},
+                'delivered': {'type': 'boolean', 'enum': [True]},
+            }, description='The deliverable as others see it: delivered, and of what type.'),
+            {'type': 'null'}]},
         'deliveredAt': nullable(TIME_SCHEMA),
         'verifiedAt': nullable(TIME_SCHEMA),
         'verificationReason': nullable({'type': 'string', 'description': "The requester's reason, when given."}),
@@ -4781,6 +4912,9 @@ API_SCHEMAS = {
         'deadline': {'type': 'string', 'description': 'In the future; any ISO 8601 time, UTC when it has no offset.',
                      'examples': ['2026-12-01T00:00:00Z']},
         'verificationWindowHours': {'type': 'integer', 'minimum': 1, 'maximum': 720, 'default': 24},
+        'claimTimeoutHours': {'type': 'integer', 'minimum': 1, 'maximum': 720, 'default': 24,
+                              'description': 'A claim not delivered this many hours after it was made expires at the '
+                                             'next sweep; the requester may release it from then on.'},
         'escrowTxHash': dict(TX_HASH_SCHEMA, description='Onchain mode, rail base: the USDC transfer that funds the '
                                                        'job; ignored otherwise.'),
         'escrowSignature': {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{130}$',
@@ -5190,7 +5324,9 @@ API_OPERATIONS = {
                        "signature of fundingTypedData by the transfer's sender: 402 `payment_required` (with "
                        'paymentRequirements), `payment_signature_invalid`, `payment_pending` (with Retry-After) or '
                        'another payment code when it does not check out; 409 `payment_replayed` when the hash paid '
-                       'for something else; 503 `chain_unavailable`. Every such refusal carries fundingTypedData.'},
+                       'for something else; 503 `chain_unavailable`. Every such refusal carries fundingTypedData. '
+                       'There a job on rail stripe, still simulated, gets 400 `rail_unavailable` (unless '
+                       '--allow-simulated-rails).'},
     ('GET', '/api/jobs/search'): {
         'summary': 'Full-text search over job titles and descriptions', 'tags': ['Discovery', 'Jobs'],
         'query': [{'name': 'q', 'schema': {'type': 'string', 'maxLength': 500},
@@ -5256,8 +5392,9 @@ API_OPERATIONS = {
         'summary': 'Claim a job for an agent the caller owns', 'tags': ['Jobs'], 'auth': 'key',
         'body': 'ClaimCreate', 'body_optional': True, 'ok': (201, 'ClaimResult'),
         'errors': (400, 401, 403, 404, 409, 413, 429),
-        'description': '409 `already_claimed` (the agent holds a claim, or every slot is taken), `job_not_open` or '
-                       '`deadline_passed`; 403 `insufficient_reputation` or `own_job`.'},
+        'description': '409 `already_claimed` (the agent holds a claim, was paid, or let a claim on the job expire; '
+                       'or every slot is taken), `job_not_open` or `deadline_passed`; 403 `insufficient_reputation` '
+                       'or `own_job`.'},
     ('POST', '/api/jobs/<job_id>/deliver'): {
         'summary': 'Deliver the work of a claim', 'tags': ['Jobs'], 'auth': 'key',
         'body': 'Deliver', 'ok': (200, 'ClaimResult'), 'errors': (400, 401, 403, 404, 409, 413, 429),
@@ -5273,6 +5410,13 @@ API_OPERATIONS = {
         'summary': 'Cancel a job nobody holds a claim on, refunding its escrow', 'tags': ['Jobs'], 'auth': 'key',
         'body': 'EmptyBody', 'body_optional': True, 'ok': (200, 'JobResult'),
         'errors': (400, 401, 403, 404, 409, 413, 429)},
+    ('POST', '/api/jobs/<job_id>/claims/<claim_id>/release'): {
+        'summary': 'End a claim that timed out without delivering, freeing its slot', 'tags': ['Jobs'],
+        'auth': 'key', 'body': 'EmptyBody', 'body_optional': True, 'ok': (200, 'ClaimResult'),
+        'errors': (400, 401, 403, 404, 409, 413, 429),
+        'description': "The job's requester or an admin, once the claim is still `claimed` claimTimeoutHours after "
+                       'it was made: it becomes `expired` with the expiry penalty, as the next sweep would do. 409 '
+                       '`claim_not_overdue` before then, `claim_not_claimed` when it is not `claimed`.'},
     ('POST', '/api/jobs/<job_id>/dispute'): {
         'summary': 'Dispute a delivery; escrow stays locked', 'tags': ['Disputes', 'Jobs'], 'auth': 'key',
         'body': 'DisputeCreate', 'ok': (201, 'DisputeCreated'), 'errors': (400, 401, 403, 404, 409, 413, 429),
@@ -5321,7 +5465,8 @@ API_OPERATIONS = {
     ('POST', '/api/jobs/expire'): {
         'summary': 'Expire overdue jobs and refund their escrow (admins)', 'tags': ['Sweeps'], 'auth': 'key',
         'body': 'EmptyBody', 'body_optional': True, 'ok': (200, 'ExpireResult'), 'errors': (400, 401, 403, 413, 429),
-        'description': 'Idempotent; the server also runs it itself every sweep interval.'},
+        'description': 'Idempotent; the server also runs it itself every sweep interval. Claims still `claimed` '
+                       'claimTimeoutHours after they were made expire too (counted in reputationPenalties).'},
     ('POST', '/api/jobs/auto-verify'): {
         'summary': 'Approve deliveries whose verification window has passed (admins)', 'tags': ['Sweeps'],
         'auth': 'key', 'body': 'EmptyBody', 'body_optional': True, 'ok': (200, 'AutoVerifyResult'),

@@ -7,7 +7,7 @@
   <p class="description">{{dispute['reason']}}</p>
   <p>About the delivery of <a href="/agents/{{claim['agentId']}}">{{names.get(claim['agentId'], 'an agent')}}</a> (its claim is {{claim['status']}}).</p>
 % if claim['deliverable']:
-  <p>Delivered: <a href="{{claim['deliverable']['url']}}" rel="nofollow noopener noreferrer">{{claim['deliverable']['url']}}</a></p>
+  <p class="deliverable">Delivered ({{claim['deliverable'].get('type') or 'url'}}), private: the API shows it only to the requester, the worker, admins and the arbitrators on the panel.</p>
 % end
 </section>
 <section>

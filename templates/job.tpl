@@ -47,10 +47,7 @@
     <p><a href="/agents/{{claim['agentId']}}">{{names.get(claim['agentId'], 'an agent')}}</a> <span class="status status-{{claim['status']}}">{{claim['status']}}</span> since <time datetime="{{claim['createdAt']}}">{{when(claim['createdAt'])}}</time></p>
 % if claim['deliverable']:
     <div class="deliverable">
-      <p>Delivered ({{claim['deliverable'].get('type', 'url')}}): <a href="{{claim['deliverable']['url']}}" rel="nofollow noopener noreferrer">{{claim['deliverable']['url']}}</a></p>
-% if claim['deliverable'].get('notes'):
-      <p class="notes">{{claim['deliverable']['notes']}}</p>
-% end
+      <p>Delivered ({{claim['deliverable'].get('type') or 'url'}}), private: the API shows it only to the requester, the worker, admins and the arbitrators of a dispute over it.</p>
     </div>
 % end
 % if claim['verificationReason']:

@@ -313,6 +313,59 @@ def test_ensure_admin_key_promotes_an_existing_member_key(client, app):
     answer = client.post('/api/jobs', job_body(requesterId=other['id']), key=key)
     assert answer.status == 201, answer
     assert answer.json['job']['requesterId'] == other['id']
+    # It is now the environment's admin key: the one the settings named before is revoked.
+    assert_unauthorized(client.post('/api/jobs', job_body(), key=ADMIN_KEY))
+
+
+# Admin keys follow the environment (CONTRACT.md 18) ------------------------------------------------------
+
+KEY_A, KEY_B = 'admin-key-a-' + 'a' * 32, 'admin-key-b-' + 'b' * 32
+
+
+def start(tmp_path, admin_key):
+    """The app on one database file, started with this MARKETPLACE_ADMIN_KEY ('' for none)."""
+    return mp.make_app(mp.Settings(db=str(tmp_path / 'env.db'), rate_limits='off', admin_key=admin_key))
+
+
+def test_starting_with_another_admin_key_revokes_the_one_before(tmp_path):
+    first = start(tmp_path, KEY_A)
+    client = Client(first)
+    _, member_key = make_account(client, 'member')
+    operator, operator_key = mp.create_account(first.service.db, 'ops', 'admin')      # keys create --admin
+    assert client.post('/api/jobs', job_body(), key=KEY_A).status == 201
+    first.service.close()
+    second = start(tmp_path, KEY_B)
+    try:
+        client = Client(second)
+        assert_unauthorized(client.post('/api/jobs', job_body(), key=KEY_A))
+        assert_unauthorized(client.post('/api/jobs/expire', key=KEY_A))
+        other, _ = make_account(client, 'other')
+        answer = client.post('/api/jobs', job_body(requesterId=other['id']), key=KEY_B)       # B acts as an admin
+        assert answer.status == 201, answer
+        # Only keys the variable made admin are revoked: a member's key and an operator's admin key stay.
+        assert client.post('/api/jobs', job_body(), key=member_key).status == 201
+        assert client.post('/api/jobs', job_body(requesterId=other['id']), key=operator_key).status == 201
+        rows = second.service.db.rows('SELECT key_hash, from_env, revoked_at IS NOT NULL AS revoked FROM api_keys '
+                                      'WHERE from_env = 1 ORDER BY created_at')
+        assert [(r['key_hash'], r['revoked']) for r in rows] == [(mp.hash_key(KEY_A), 1), (mp.hash_key(KEY_B), 0)]
+    finally:
+        second.service.close()
+
+
+def test_without_the_variable_the_admin_key_it_named_stays(tmp_path):
+    start(tmp_path, KEY_A).service.close()
+    app = start(tmp_path, '')
+    try:
+        assert Client(app).post('/api/jobs', job_body(), key=KEY_A).status == 201
+    finally:
+        app.service.close()
+
+
+def test_a_revoked_admin_key_refuses_to_start(tmp_path):
+    start(tmp_path, KEY_A).service.close()
+    start(tmp_path, KEY_B).service.close()          # revokes A
+    with pytest.raises(ValueError, match='revoked'):
+        start(tmp_path, KEY_A)
 
 
 def test_admin_sees_webhook_url_of_any_agent(client):

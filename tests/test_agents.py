@@ -432,7 +432,9 @@ def test_agent_profile_after_one_approved_job(client, market):
     assert shown_claim['jobId'] == job['id']
     assert shown_claim['agentId'] == market.agent['id']
     assert shown_claim['status'] == 'approved'
-    assert shown_claim['deliverable'] == {'type': 'url', 'url': 'https://example.com/out'}
+    assert shown_claim['deliverable'] == {'type': 'url', 'delivered': True}       # private to its readers
+    mine = client.get(f'/api/agents/{market.agent["id"]}', key=market.worker_key).json['claims'][0]
+    assert mine['deliverable'] == {'type': 'url', 'url': 'https://example.com/out'}
     assert shown_claim['autoApproved'] is False
     assert ISO.match(shown_claim['verifiedAt'])
     (entry,) = answer.json['reputationHistory']

@@ -185,6 +185,29 @@ def test_keys_in_process(db_path, capsys):
     assert capsys.readouterr().out.strip() == 'no live key has that id'
 
 
+def test_a_new_marketplace_admin_key_revokes_the_old_one_at_start(db_path):
+    """MARKETPLACE_ADMIN_KEY=A, then B: A is revoked when B starts (here `sweep`, which starts the service as
+    `serve` does); starting with A again is refused."""
+    key_a, key_b = 'old-admin-key-' + 'a' * 32, 'new-admin-key-' + 'b' * 32
+    for key in (key_a, key_b):
+        done = cli(db_path, 'sweep', env={'MARKETPLACE_ADMIN_KEY': key})
+        assert done.returncode == 0, done.stderr
+    assert 'revoked 1 admin key(s) that MARKETPLACE_ADMIN_KEY named before' in done.stderr
+    listed = [line.split() for line in cli(db_path, 'keys', 'list').stdout.splitlines()]
+    assert [(prefix, role, name, state) for _, prefix, role, name, state, *_ in listed] == [
+        (key_a[:4] + '…', 'admin', 'admin', 'revoked'), (key_b[:4] + '…', 'admin', 'admin', 'live')]
+    app = open_app(db_path)
+    try:
+        client = Client(app)
+        assert client.post('/api/jobs/expire', key=key_a).status == 401
+        assert client.post('/api/jobs/expire', key=key_b).status == 200
+    finally:
+        app.service.close()
+    again = cli(db_path, 'sweep', env={'MARKETPLACE_ADMIN_KEY': key_a})
+    assert again.returncode == 2
+    assert 'the admin key was revoked: choose a new one' in again.stderr
+
+
 # seed ------------------------------------------------------------------------
 
 def test_seed_prints_eight_demo_keys(seeded):
@@ -494,6 +517,25 @@ def test_a_version_3_database_keeps_its_arbitrators_and_votes_and_agent_arbitrat
     assert {row['claim_timeout_hours'] for row in db.rows('SELECT claim_timeout_hours FROM jobs')} == {24}
     assert mp.ledger_problems(db) == []
     db.close()
+
+
+def test_a_version_3_database_marks_the_admin_key_the_environment_made(tmp_path):
+    """So that the first start with another MARKETPLACE_ADMIN_KEY after the upgrade revokes it."""
+    path = tmp_path / 'old.db'
+    conn = version_3_demo(path)
+    old_key = 'old-env-admin-key-' + 'o' * 32
+    conn.execute('''INSERT INTO accounts VALUES ('adm', 'admin', 'admin', '2026-01-01T00:00:00.000Z');
+                    INSERT INTO api_keys VALUES ('k-env', 'adm', :hash, :prefix, '2026-01-01T00:00:00.000Z', NULL)''',
+                 {'hash': mp.hash_key(old_key), 'prefix': old_key[:4] + '…'})
+    conn.close()
+    app = mp.make_app(mp.Settings(db=str(path), rate_limits='off', admin_key='new-env-admin-key-' + 'n' * 32))
+    try:
+        keys = app.service.db.rows('SELECT id, from_env, revoked_at IS NOT NULL AS revoked FROM api_keys')
+        assert [(k['from_env'], k['revoked']) for k in keys if k['id'] == 'k-env'] == [(1, 1)]
+        assert {(k['from_env'], k['revoked']) for k in keys if k['id'] != 'k-env'} == {(0, 0), (1, 0)}   # seed, new
+        assert Client(app).post('/api/jobs/expire', key=old_key).status == 401
+    finally:
+        app.service.close()
 
 
 def test_a_version_2_database_gains_job_counts_of_its_jobs_and_the_list_indexes(tmp_path):

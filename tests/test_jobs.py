@@ -12,13 +12,14 @@ from decimal import Decimal
 import pytest
 
 import marketplace as mp
-from conftest import ADMIN_KEY, assert_error, Client, get_agent, in_hours, job_body, make_account, make_agent, Market
+from conftest import (ADMIN_KEY, assert_error, Client, get_agent, in_hours, job_body, make_account, make_agent, Market,
+                      random_wallet)
 
 ISO_MS_Z = re.compile(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$')
 JOB_FIELDS = {'id', 'status', 'title', 'description', 'category', 'paymentAmount', 'paymentCurrency',
               'paymentRail', 'requesterId', 'requirements', 'acceptanceCriteria', 'maxWorkers',
-              'competitionMode', 'deadline', 'verificationWindowHours', 'minReputation', 'escrowStatus',
-              'escrowTxHash', 'claimCount', 'createdAt', 'updatedAt', 'url'}
+              'competitionMode', 'deadline', 'verificationWindowHours', 'claimTimeoutHours', 'minReputation',
+              'escrowStatus', 'escrowTxHash', 'claimCount', 'createdAt', 'updatedAt', 'url'}
 CLAIM_FIELDS = {'id', 'jobId', 'agentId', 'status', 'deliverable', 'deliveredAt', 'verifiedAt',
                 'autoApproved', 'createdAt', 'updatedAt'}
 PAYMENT_FIELDS = {'id', 'type', 'amount', 'currency', 'rail', 'status', 'recipient', 'txHash', 'createdAt'}
@@ -102,6 +103,7 @@ def test_create_job_fills_every_default(market, client):
     assert job['maxWorkers'] == 1
     assert job['competitionMode'] == 'first-wins'
     assert job['verificationWindowHours'] == 24
+    assert job['claimTimeoutHours'] == 24
     assert job['minReputation'] == '0.00'
     assert job['escrowStatus'] == 'locked'
     assert job['escrowTxHash'] is None
@@ -142,7 +144,7 @@ def test_create_job_keeps_every_given_field(market):
                      requirements={'repo': 'https://github.com/x/y', 'language': 'rust'},
                      acceptanceCriteria=[{'type': 'automated', 'check': 'cargo test'}],
                      maxWorkers=3, competitionMode='best-wins', verificationWindowHours=720,
-                     minReputation='2.5')
+                     claimTimeoutHours=6, minReputation='2.5')
     assert job['title'] == 'Port the parser'
     assert job['description'] == 'From C to Rust.'
     assert job['category'] == 'data'
@@ -152,19 +154,22 @@ def test_create_job_keeps_every_given_field(market):
     assert job['maxWorkers'] == 3
     assert job['competitionMode'] == 'best-wins'
     assert job['verificationWindowHours'] == 720
+    assert job['claimTimeoutHours'] == 6
     assert job['minReputation'] == '2.50'
 
 
 def test_create_job_accepts_the_limits(market):
     job = market.job(title='t' * 200, description='d' * 20_000, paymentAmount='1000000.00',
-                     maxWorkers=100, verificationWindowHours=1)
+                     maxWorkers=100, verificationWindowHours=1, claimTimeoutHours=1)
     assert len(job['title']) == 200
     assert len(job['description']) == 20_000
     assert job['paymentAmount'] == '1000000.00'
     assert job['maxWorkers'] == 100
     assert job['verificationWindowHours'] == 1
-    smallest = market.job(paymentAmount='0.01', maxWorkers=1, verificationWindowHours=720)
+    assert job['claimTimeoutHours'] == 1
+    smallest = market.job(paymentAmount='0.01', maxWorkers=1, verificationWindowHours=720, claimTimeoutHours=720)
     assert smallest['paymentAmount'] == '0.01'
+    assert smallest['claimTimeoutHours'] == 720
 
 
 def test_create_job_ignores_unknown_fields(market, client):
@@ -256,6 +261,10 @@ def test_create_job_reports_every_bad_field_at_once(market, client):
     ({'verificationWindowHours': 0}, 'verificationWindowHours'),
     ({'verificationWindowHours': 721}, 'verificationWindowHours'),
     ({'verificationWindowHours': '24'}, 'verificationWindowHours'),
+    ({'claimTimeoutHours': 0}, 'claimTimeoutHours'),
+    ({'claimTimeoutHours': 721}, 'claimTimeoutHours'),
+    ({'claimTimeoutHours': '24'}, 'claimTimeoutHours'),
+    ({'claimTimeoutHours': 1.5}, 'claimTimeoutHours'),
     ({'title': 123}, 'title'),
     ({'title': ['a']}, 'title'),
     ({'description': {'text': 'x'}}, 'description'),
@@ -731,10 +740,11 @@ def test_deliver(market, client):
     assert answer.json['job']['status'] == 'delivered'
     assert answer.json['job']['escrowStatus'] == 'locked'
     assert answer.json['job']['claimCount'] == 1
-    shown = market.get_job(job)
+    shown = client.get(f'/api/jobs/{job["id"]}', key=market.requester_key).json
     assert shown['job']['status'] == 'delivered'
     assert shown['claims'][0]['status'] == 'delivered'
-    assert shown['claims'][0]['deliverable']['url'] == 'https://example.com/out'
+    assert shown['claims'][0]['deliverable'] == DELIVERABLE
+    assert market.get_job(job)['claims'][0]['deliverable'] == {'type': 'url', 'delivered': True}   # anyone else
 
 
 @pytest.mark.parametrize('path', ['deliver', 'submit'])
@@ -1238,12 +1248,124 @@ def test_job_lists_rendered_by_sqlite_equal_job_json(client, market, app):
         assert client.post('/api/jobs/auto-verify', {}, key=ADMIN_KEY).json['autoApproved'] == 1
     finally:
         mp.CLOCK.set(None)
+    # ... as each reader sees it: deliverables whole for the requester, the worker and admins, else redacted
+    readers = {None: None, market.requester_key: market.requester, market.worker_key: market.worker,
+               ADMIN_KEY: mp.account_for_key(db, ADMIN_KEY)}
     for row in db.rows('SELECT id FROM jobs'):
-        answer = client.get(f'/api/jobs/{row["id"]}')
-        detail = mp.job_detail(db, row['id'], base)
-        assert answer.status == 200 and answer.json == detail
-        assert [list(claim) for claim in answer.json['claims']] == [list(claim) for claim in detail['claims']]
+        for key, account in readers.items():
+            answer = client.get(f'/api/jobs/{row["id"]}', key=key)
+            detail = mp.job_detail(db, row['id'], base, account)
+            assert answer.status == 200 and answer.json == detail
+            assert [list(claim) for claim in answer.json['claims']] == [list(claim) for claim in detail['claims']]
     shown = client.get(f'/api/jobs/{auto["id"]}').json
-    assert shown['claims'][0]['autoApproved'] is True and shown['claims'][0]['deliverable']['url']
+    assert shown['claims'][0]['autoApproved'] is True
+    assert shown['claims'][0]['deliverable'] == {'type': 'url', 'delivered': True}
+    shown = client.get(f'/api/jobs/{auto["id"]}', key=market.worker_key).json
+    assert shown['claims'][0]['deliverable'] == {'type': 'url', 'url': 'https://example.com/out'}
     assert [p['type'] for p in shown['payments']] == ['escrow', 'release']
     assert [p['amount'] for p in client.get(f'/api/jobs/{rejected["id"]}').json['payments']] == ['12.34', '12.34']
+
+
+# Deliverables are private until paid (CONTRACT.md 18) ----------------------------------------------------
+
+SECRET_URL = 'https://files.example.com/work.zip'
+SECRET_NOTES = 'The archive password is hunter2.'
+REDACTED = {'type': 'archive', 'delivered': True}
+
+
+def test_a_deliverable_is_shown_only_to_the_requester_the_worker_admins_and_the_panel(market, client, app):
+    """A competing worker, a stranger and anonymous readers see {type, delivered: true} in every answer that
+    carries the claim, on the pages, in the feed and in the webhooks; the requester, the worker, an admin and
+    the owner of a panel arbitrator see the url and the notes."""
+    db = app.service.db
+    job = market.job(maxWorkers=2, competitionMode='best-wins')
+    _, rival_key, rival = second_worker(client, 'rival')
+    client.patch(f'/api/agents/{rival["id"]}', {'webhookUrl': 'https://hooks.example.com/rival'}, key=rival_key)
+    market.claim(job, agent=rival, key=rival_key)
+    made = market.claim(job)
+    answer = deliver(client, job, made['id'], market.worker_key, body={'claimId': made['id'], 'deliverable': {
+        'type': 'archive', 'url': SECRET_URL, 'notes': SECRET_NOTES}})
+    whole = {'type': 'archive', 'url': SECRET_URL, 'notes': SECRET_NOTES}
+    assert answer.json['claim']['deliverable'] == whole                      # the worker's own answer
+    dispute = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': made['id'], 'reason': 'Half done.'},
+                          key=market.requester_key).json['dispute']
+    panelist, panelist_key = make_account(client, 'panelist')
+    outsider, outsider_key = make_account(client, 'outsider arbiter')
+    for account in (panelist, outsider):
+        arbitrator = client.post('/api/arbitrators', {'name': account['name'], 'walletAddress': random_wallet(),
+                                                      'accountId': account['id']}, key=ADMIN_KEY).json['arbitrator']
+        if account is panelist:     # drawn for the panel (the dispute engineer's code fills dispute_panels)
+            db.execute('INSERT INTO dispute_panels (dispute_id, arbitrator_id) VALUES (:d, :a)',
+                       {'d': dispute['id'], 'a': arbitrator['id']})
+    _, stranger_key = make_account(client, 'stranger')
+
+    def shown(key):
+        """The deliverable in GET /api/jobs/:id, /api/agents/:id and /api/disputes/:id for this key."""
+        detail = client.get(f'/api/jobs/{job["id"]}', key=key).json
+        (in_job,) = [c['deliverable'] for c in detail['claims'] if c['id'] == made['id']]
+        (rival_claim,) = [c['deliverable'] for c in detail['claims'] if c['id'] != made['id']]
+        assert rival_claim is None                                          # not delivered: null for everyone
+        (in_agent,) = get_agent_as(client, market.agent, key)['claims']
+        in_dispute = client.get(f'/api/disputes/{dispute["id"]}', key=key).json['claim']
+        assert in_job == in_agent['deliverable'] == in_dispute['deliverable']
+        return in_job
+
+    for key in (market.requester_key, market.worker_key, ADMIN_KEY, panelist_key):
+        assert shown(key) == whole, key
+    for key in (None, rival_key, stranger_key, outsider_key):
+        assert shown(key) == REDACTED, key
+    for path in (f'/jobs/{job["id"]}', f'/agents/{market.agent["id"]}', f'/disputes/{dispute["id"]}',
+                 '/api/jobs/feed', '/api/jobs/feed?format=atom'):
+        page = client.get(path)
+        assert page.status == 200
+        text = page.body.decode() if isinstance(page.body, bytes) else str(page.body)
+        assert SECRET_URL not in text and 'hunter2' not in text, path
+    assert 'Delivered (archive), private' in client.get(f'/jobs/{job["id"]}').body.decode()
+    payloads = [row['payload'] for row in db.rows('SELECT payload FROM webhook_deliveries WHERE agent_id = :a',
+                                                  {'a': rival['id']})]
+    assert {json.loads(p)['type'] for p in payloads} == {'job.claimed', 'job.delivered', 'payment.disputed'}
+    assert not any(SECRET_URL in p or 'hunter2' in p for p in payloads)
+    # Paid, it stays the requester's: the rival still sees no url.
+    client.patch(f'/api/disputes/{dispute["id"]}', {'outcome': 'worker', 'resolution': 'Done.'}, key=ADMIN_KEY)
+    assert shown(rival_key) == REDACTED
+    assert shown(market.requester_key) == whole
+
+
+def get_agent_as(client, agent, key):
+    answer = client.get(f'/api/agents/{agent["id"]}', key=key)
+    assert answer.status == 200, answer
+    return answer.json
+
+
+def test_a_deliverable_is_private_on_the_real_server(live_server):
+    """The same over HTTP: an anonymous reader and a competing worker get no url; the requester does."""
+    import requests
+
+    def post(path, body, key=None):
+        answer = requests.post(live_server.url + path, json=body, timeout=10,
+                               headers={'Authorization': f'Bearer {key}'} if key else {})
+        assert answer.status_code in (200, 201), answer.text
+        return answer.json()
+
+    requester_key = post('/api/accounts', {'name': 'requester'})['apiKey']
+    agent_body = {'name': 'agent', 'walletAddress': random_wallet()}
+    worker = post('/api/agents/register', agent_body)
+    rival = post('/api/agents/register', agent_body)
+    job = post('/api/jobs', job_body(maxWorkers=2, competitionMode='best-wins'), requester_key)['job']
+    claim = post(f'/api/jobs/{job["id"]}/claim', {}, worker['apiKey'])['claim']
+    post(f'/api/jobs/{job["id"]}/claim', {}, rival['apiKey'])
+    post(f'/api/jobs/{job["id"]}/deliver', {'claimId': claim['id'], 'deliverable': {
+        'type': 'archive', 'url': SECRET_URL, 'notes': SECRET_NOTES}}, worker['apiKey'])
+
+    def deliverable(key=None):
+        answer = requests.get(f'{live_server.url}/api/jobs/{job["id"]}', timeout=10,
+                              headers={'Authorization': f'Bearer {key}'} if key else {})
+        assert answer.status_code == 200, answer.text
+        assert (SECRET_URL in answer.text) == (key == requester_key)
+        return next(c['deliverable'] for c in answer.json()['claims'] if c['id'] == claim['id'])
+
+    assert deliverable() == REDACTED
+    assert deliverable(rival['apiKey']) == REDACTED
+    assert deliverable(requester_key) == {'type': 'archive', 'url': SECRET_URL, 'notes': SECRET_NOTES}
+    page = requests.get(f'{live_server.url}/jobs/{job["id"]}', timeout=10)
+    assert page.status_code == 200 and SECRET_URL not in page.text and 'hunter2' not in page.text

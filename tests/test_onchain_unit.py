@@ -493,7 +493,19 @@ def test_an_agent_wallet_equal_to_the_escrow_or_x402_address_is_refused(started,
     assert db_of(market).value('SELECT wallet_address FROM agents') == market.agent['walletAddress']
 
 
-def test_a_usd_job_on_rail_stripe_stays_simulated(market, node):
+def test_a_usd_job_on_rail_stripe_is_refused_beside_real_money(market, node):
+    """Simulated money does not mix with real money (CONTRACT.md 18): free USD jobs would farm reputation."""
+    before = len(node.calls)
+    for body in ({'paymentCurrency': 'USD'}, {'paymentCurrency': 'USD', 'paymentRail': 'stripe'}):
+        answer = post_job(market, **body)
+        error = assert_error(answer, 400, 'rail_unavailable')
+        assert 'stripe' in error['error'] and 'base' in error['error']
+    assert count_jobs(market) == 0
+    assert len(node.calls) == before                   # refused before the node is asked anything
+
+
+def test_with_allow_simulated_rails_a_usd_job_on_rail_stripe_stays_simulated(started, node):
+    market = Market(Client(started(allow_simulated_rails=True)))
     before = len(node.calls)
     answer = post_job(market, paymentCurrency='USD')
     assert answer.status == 201, answer

@@ -281,8 +281,14 @@ def test_a_whole_marketplace_answers_as_documented(client, check, receiver):
     claim_for(client, stale, agent, worker_key)
     waiting = make_job(client, requester_key, verificationWindowHours=1)
     delivered_claim(client, waiting, agent, worker_key)
+    timed = make_job(client, requester_key, claimTimeoutHours=1)
+    release = f'/api/jobs/{timed["id"]}/claims/{claim_for(client, timed, agent, worker_key)["id"]}/release'
+    check(client.post(release, key=requester_key), 'POST', '/api/jobs/<job_id>/claims/<claim_id>/release', 409)
     mp.CLOCK.set(mp.now())
     mp.CLOCK.advance(hours=2)
+    answer = check(client.post(release, key=requester_key), 'POST', '/api/jobs/<job_id>/claims/<claim_id>/release',
+                   200)
+    assert (answer.json['claim']['status'], answer.json['job']['status']) == ('expired', 'open')
     answer = check(client.post('/api/jobs/expire', key=ADMIN_KEY), 'POST', '/api/jobs/expire', 200)
     assert answer.json['jobIds'] == [stale['id']]
     answer = check(client.post('/api/jobs/auto-verify', {}, key=ADMIN_KEY), 'POST', '/api/jobs/auto-verify', 200)

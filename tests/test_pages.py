@@ -351,9 +351,10 @@ def test_user_text_is_escaped_on_every_page(app, market, client):
                          pricing={'<img src=z>': '<b>free</b>'})
     claim = market.claim(job, agent=bold, key=bold_key)
     deliver(market, job, claim, url="https://example.com/a'b", notes='<script>alert(2)</script>', key=bold_key)
-    # The API takes only RFC 3986 URLs now; one stored before (or by hand) must still be shown as text.
-    app.service.db.execute("UPDATE claims SET deliverable = json_set(deliverable, '$.url', :url) WHERE id = :id",
-                           {'url': 'https://example.com/a"b\'c<script>x', 'id': claim['id']})
+    # The pages show a deliverable's type only (its url and notes are private): a stored url never shows.
+    app.service.db.execute('''UPDATE claims SET deliverable = json_set(deliverable, '$.url', :url, '$.type', :type)
+                              WHERE id = :id''',
+                           {'url': 'https://example.com/a"b\'c<script>x', 'type': XSS_IMG[:50], 'id': claim['id']})
     account, arbiter_key = make_account(client, 'arbiter owner')
     arbiter = register_arbitrator(client, ADMIN_KEY, name='<b>judge</b>', accountId=account['id']).json['arbitrator']
     arbiter = set_arbitrator(client, arbiter, status='active', trusted=True)
@@ -396,8 +397,7 @@ def test_user_text_is_escaped_on_every_page(app, market, client):
         '<dd>&lt;img src=x onerror=alert(1)&gt;, &quot;&#039;&amp;</dd>',
         '<span class="tag">&lt;img src=x onerror=alert(1)&gt;</span> &quot;&#039;&amp;</li>',
         f'">{escaped_bold}</a>', f'by {escaped_bold}',
-        'href="https://example.com/a&quot;b&#039;c&lt;script&gt;x"',
-        '<p class="notes">&lt;script&gt;alert(2)&lt;/script&gt;</p>', '&lt;script&gt;alert(3)&lt;/script&gt;')
+        '<p>Delivered (&lt;img src=x onerror=alert(1)&gt;), private', '&lt;script&gt;alert(3)&lt;/script&gt;')
     has(f'/jobs/{other["id"]}', 'Verdict: &lt;script&gt;alert(5)&lt;/script&gt;',
         f'{escaped_bold}&#039;s delivery: &lt;script&gt;alert(5)&lt;/script&gt;')
     has('/agents', f'<a href="/agents/{bold["id"]}">{escaped_bold}</a>')
@@ -409,14 +409,15 @@ def test_user_text_is_escaped_on_every_page(app, market, client):
         f'">{escaped_bold}</a>', '<strong>&lt;b&gt;judge&lt;/b&gt;</strong>',
         '<span class="reasoning">&lt;script&gt;alert(4)&lt;/script&gt;</span>',
         f'<title>Dispute: {escaped_script} · Job Marketplace</title>',
-        'href="https://example.com/a&quot;b&#039;c&lt;script&gt;x"')
+        'Delivered (&lt;img src=x onerror=alert(1)&gt;), private')
     has('/arbitrators', '<td>&lt;b&gt;judge&lt;/b&gt;</td>')
     assert shown[f'/disputes/{dispute["id"]}'].find('ul', 'panel').find_all('li')[0].text() == '<b>judge</b> voted'
     # what the parser reads back is the user's text, unchanged
     assert shown[f'/jobs/{job["id"]}'].find('h1').text() == XSS_SCRIPT
     assert shown[f'/agents/{bold["id"]}'].find('h1').text() == '<b>bold</b>'
-    assert shown[f'/jobs/{job["id"]}'].find('div', 'deliverable').find('a').attrs['href'] == \
-        'https://example.com/a"b\'c<script>x'
+    assert shown[f'/jobs/{job["id"]}'].find('div', 'deliverable').find_all('a') == []
+    for path, page in shown.items():
+        assert 'example.com/a' not in page.html and 'alert(2)' not in page.html, path
 
 
 # The job page ----------------------------------------------------------------
@@ -463,11 +464,13 @@ def test_job_page_timeline_claims_and_payments_of_an_approved_job(market, client
     agent_link = article.find_all('a')[0]
     assert (agent_link.attrs['href'], agent_link.text()) == (f'/agents/{market.agent["id"]}', 'worker-agent')
     assert article.find('span', 'status').text() == 'approved'
-    link = article.find('div', 'deliverable').find('a')
-    assert (link.attrs['href'], link.text(), link.attrs['rel']) == \
-        ('https://example.com/pr/7', 'https://example.com/pr/7', 'nofollow noopener noreferrer')
-    assert article.find('div', 'deliverable').find_all('p')[0].text() == 'Delivered (url): https://example.com/pr/7'
-    assert article.find('p', 'notes').text() == 'See the PR.'
+    # The work is private (CONTRACT.md 18): the page says it was delivered, never where, nor the notes.
+    assert article.find('div', 'deliverable').find_all('a') == []
+    assert article.find('div', 'deliverable').find_all('p')[0].text() == (
+        'Delivered (url), private: the API shows it only to the requester, the worker, admins and the arbitrators '
+        'of a dispute over it.')
+    assert article.find_all('p', 'notes') == []
+    assert 'example.com/pr/7' not in page.html and 'See the PR.' not in page.html
     assert article.find('p', 'reason').text() == 'Verdict: Looks right.'
 
     assert payment_rows(page) == [

@@ -25,6 +25,7 @@ table) and the resource's own state is checked field by field (job status, escro
 import json
 import re
 import secrets
+from datetime import timedelta
 
 import pytest
 
@@ -514,6 +515,27 @@ class Cancel(Row):
 
     def unchanged(self, w, s):
         assert w.job_summary(s.job) == ('open', 'locked', [], ['escrow'])
+
+
+@row('POST', '/api/jobs/<job_id>/claims/<claim_id>/release')
+class ReleaseClaim(Row):
+    """The job's requester or an admin, once the claim has timed out; the worker itself gets 403 too."""
+    extra = {'worker': 'forbidden'}
+
+    def setup(self, w, caller):
+        job, claim = w.claimed(claimTimeoutHours=1)
+        mp.CLOCK.set(mp.now() + timedelta(hours=1))        # overdue (the real_clock fixture puts the clock back)
+        return State(f'/api/jobs/{job["id"]}/claims/{claim["id"]}/release', None, w.requester_key,
+                     keys={'worker': w.worker_key}, job=job, claim=claim)
+
+    def ok(self, w, s, answer, caller):
+        claim, job = answer.json['claim'], answer.json['job']
+        assert (claim['id'], claim['status'], job['status'], job['claimCount']) == (s.claim['id'], 'expired', 'open', 0)
+        assert w.job_summary(s.job) == ('open', 'locked', ['expired'], ['escrow'])
+        assert w.client.get(f'/api/agents/{w.market.agent["id"]}').json['reputationHistory'][0]['delta'] == '-0.50'
+
+    def unchanged(self, w, s):
+        assert w.job_summary(s.job) == ('claimed', 'locked', ['claimed'], ['escrow'])
 
 
 @row('POST', '/api/jobs/<job_id>/dispute')

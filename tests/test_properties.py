@@ -78,7 +78,7 @@ DISPUTE_STATUSES = {'open', 'resolved'}
 # maxWorkers = 1 (section 3's table; 11: a rejection ends the job):
 SINGLE_WORKER_MOVES = {
     'open': {'claimed', 'cancelled', 'expired'},
-    'claimed': {'delivered', 'expired'},
+    'claimed': {'delivered', 'expired', 'open'},      # open: the claim timed out (section 18), or was released
     'delivered': {'completed', 'rejected', 'disputed'},
     'disputed': {'completed', 'refunded'},
 }
@@ -275,11 +275,11 @@ class MarketMachine(RuleBasedStateMachine):
     @rule(requester=st.integers(0, N_REQUESTERS - 1),
           mode=st.sampled_from(MODES), max_workers=st.sampled_from([3, 2, 1, 4]),
           amount=amounts, currency=st.sampled_from(['USDC', 'USD']), deadline_hours=st.sampled_from([240, 1, 24, 72, 720]),
-          window_hours=st.integers(1, 48))
-    def post_job(self, requester, mode, max_workers, amount, currency, deadline_hours, window_hours):
+          window_hours=st.integers(1, 48), claim_hours=st.sampled_from([24, 1, 720, 6]))
+    def post_job(self, requester, mode, max_workers, amount, currency, deadline_hours, window_hours, claim_hours):
         body = {'title': 'Property job', 'description': 'Made by the state machine.', 'category': 'code',
                 'paymentAmount': amount, 'paymentCurrency': currency, 'competitionMode': mode,
-                'maxWorkers': max_workers, 'verificationWindowHours': window_hours,
+                'maxWorkers': max_workers, 'verificationWindowHours': window_hours, 'claimTimeoutHours': claim_hours,
                 'deadline': mp.iso(mp.now() + timedelta(hours=deadline_hours))}
         cents = int(Decimal(amount) * 100)
         expected = not (mode == 'all-paid' and cents < max_workers)     # no all-paid share of 0.00
@@ -304,15 +304,16 @@ class MarketMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def claim(self, data):
         job = self.pick(data, 'job', self.job_ids, self.claimable)
+        # an agent that holds a claim, was paid, or let a claim time out may not claim the job again
         holders = {row['agent_id'] for row in self.db.rows(
-            "SELECT agent_id FROM claims WHERE job_id = :id AND status IN ('claimed', 'delivered', 'disputed', 'approved')",
-            {'id': job})}
+            '''SELECT agent_id FROM claims WHERE job_id = :id
+               AND status IN ('claimed', 'delivered', 'disputed', 'approved', 'expired')''', {'id': job})}
         worker = self.pick(data, 'worker', list(range(N_WORKERS)), lambda n: self.workers[n][0]['id'] not in holders)
         agent, key = self.workers[worker]
         row = self.job_row(job)
         takes = ('open', 'claimed', 'delivered', 'disputed') if row['max_workers'] > 1 else ('open', 'claimed')
         holds = self.db.value('''SELECT count(*) FROM claims WHERE job_id = :job AND agent_id = :agent
-                                 AND status IN ('claimed', 'delivered', 'disputed', 'approved')''',
+                                 AND status IN ('claimed', 'delivered', 'disputed', 'approved', 'expired')''',
                               {'job': job, 'agent': agent['id']})
         expected = (row['status'] in takes and row['deadline'] > self.now_iso() and not holds
                     and self.slots_taken(row) < row['max_workers'])
@@ -338,6 +339,29 @@ class MarketMachine(RuleBasedStateMachine):
         self.call('POST', f'/api/jobs/{job}/deliver',
                   {'claimId': claim, 'deliverable': {'type': 'url', 'url': 'https://example.com/out'}},
                   key=key, expected=expected)
+
+    def claim_due(self, claim):
+        """When a claim times out (section 18): claimTimeoutHours after it was made."""
+        row = self.claim_row(claim)
+        return mp.parse_time(row['created_at']) + timedelta(hours=self.job_row(row['job_id'])['claim_timeout_hours'])
+
+    @precondition(lambda self: self.exists("SELECT 1 FROM claims WHERE status = 'claimed'"))
+    @rule(data=st.data())
+    def release(self, data):
+        """The requester (or an admin) ends a claim that timed out without delivering; 409 before."""
+        claim = self.pick(data, 'claim', self.claim_ids, self.claim_is('claimed'))
+        job = self.job_of[claim]
+        key = ADMIN_KEY if data.draw(st.integers(0, 4), label='by the admin (4)?') == 4 else None
+        if data.draw(st.booleans(), label='first wait for the timeout?'):
+            self.advance_to(self.claim_due(claim))
+        expected = self.claim_row(claim)['status'] == 'claimed' and self.claim_due(claim) <= mp.now()
+        note(f'release {self.label("claim", claim)}{" (admin)" if key else ""}')
+        answer = self.call('POST', f'/api/jobs/{job}/claims/{claim}/release', key=key or self.requester_of[job],
+                           expected=expected)
+        if answer.status == 200:
+            assert answer.json['claim']['status'] == 'expired', answer
+        else:
+            assert answer.json['code'] in ('claim_not_overdue', 'claim_not_claimed'), answer
 
     @precondition(lambda self: self.exists("SELECT 1 FROM claims WHERE status = 'delivered'"))
     @rule(data=st.data())
@@ -445,6 +469,10 @@ class MarketMachine(RuleBasedStateMachine):
             left = self.db.rows("SELECT id, status FROM jobs WHERE deadline <= :now AND status IN ('open', 'claimed')",
                                 {'now': self.now_iso()})
             assert left == [], f'the expiry sweep left overdue jobs: {left}'
+            # Section 18: no claim is still `claimed` claimTimeoutHours after it was made.
+            late = [claim for claim in self.claim_ids if self.claim_is('claimed')(claim)
+                    and self.claim_due(claim) <= mp.now()]
+            assert late == [], f'the expiry sweep left timed-out claims: {late}'
         elif action == 'auto-verify':
             # the window of a delivered claim if there is one, else of a job from now
             delivered = [claim for claim in self.claim_ids if self.claim_is('delivered')(claim)]

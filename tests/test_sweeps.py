@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 
 import marketplace as mp
-from conftest import ADMIN_KEY, auto_verify, expire, in_hours, make_account, make_agent
+from conftest import ADMIN_KEY, assert_error, auto_verify, expire, in_hours, make_account, make_agent
 
 ISO_MS_Z = re.compile(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$')
 NOTHING_EXPIRED = {'expired': 0, 'refunded': 0, 'reputationPenalties': 0, 'jobIds': []}
@@ -291,6 +291,110 @@ def test_a_second_expire_finds_nothing_and_changes_nothing(client, app, market):
     for agent in (market.agent, other):
         assert profile(client, agent) == agents[agent['id']]
     assert app.service.db.rows('SELECT * FROM ledger_entries ORDER BY id') == ledger
+
+
+# Claim timeouts (CONTRACT.md 18: a claim cannot freeze a job) ------------------
+
+PENALTY = ('-0.50', EXPIRED_REASON, '0.50')     # from 1.00, as approved_jobs(market, 1) leaves it
+
+
+def release(market, job, claim, key):
+    return market.client.post(f'/api/jobs/{job["id"]}/claims/{claim["id"]}/release', key=key)
+
+
+def test_a_claim_still_claimed_after_its_timeout_expires_at_the_sweep_and_frees_its_slot(client, app, market):
+    approved_jobs(market, 1)
+    job = market.job(paymentAmount='8.00', claimTimeoutHours=2, deadline=in_hours(48))
+    assert job['claimTimeoutHours'] == 2
+    claim = market.claim(job)
+    mp.CLOCK.advance(hours=1, minutes=59, seconds=59)
+    assert expire(client) == NOTHING_EXPIRED
+    assert market.get_job(job)['job']['status'] == 'claimed'
+    mp.CLOCK.advance(seconds=1)                               # exactly claimTimeoutHours after the claim
+    assert expire(client) == {'expired': 0, 'refunded': 0, 'reputationPenalties': 1, 'jobIds': []}
+    detail = market.get_job(job)
+    assert (detail['job']['status'], detail['job']['escrowStatus'], detail['job']['claimCount']) == \
+        ('open', 'locked', 0)
+    assert claim_status(detail, claim) == 'expired'
+    assert detail['claims'][0]['updatedAt'] == mp.now_iso()
+    assert payments(detail) == [('escrow', '8.00', 'escrow')]         # no money moves: the job goes on
+    assert history(client, market.agent)[0] == PENALTY
+    assert expire(client) == NOTHING_EXPIRED                          # once
+    # The slot is free for another agent; the agent that let its claim lapse may not take it again.
+    assert_error(client.post(f'/api/jobs/{job["id"]}/claim', {'agentId': market.agent['id']},
+                             key=market.worker_key), 409, 'already_claimed')
+    other, other_key = worker(client, 'next-worker')
+    second = market.claim(job, agent=other, key=other_key)
+    approve(market, job, market.deliver(job, second, key=other_key))
+    assert market.get_job(job)['job']['status'] == 'completed'
+    assert mp.ledger_problems(app.service.db) == []
+
+
+def test_each_job_has_its_own_claim_timeout_and_a_delivery_in_time_stays(client, market):
+    quick = market.job(claimTimeoutHours=1)
+    slow = market.job()                                        # the default: 24 hours
+    delivered = market.job(claimTimeoutHours=1)
+    quick_claim, slow_claim = market.claim(quick), market.claim(slow)
+    on_time = market.deliver(delivered, market.claim(delivered))
+    mp.CLOCK.advance(hours=23)
+    assert expire(client)['reputationPenalties'] == 1
+    assert claim_status(market.get_job(quick), quick_claim) == 'expired'
+    assert claim_status(market.get_job(slow), slow_claim) == 'claimed'
+    assert claim_status(market.get_job(delivered), on_time) == 'delivered'
+    mp.CLOCK.advance(hours=1)
+    assert expire(client)['reputationPenalties'] == 1
+    assert claim_status(market.get_job(slow), slow_claim) == 'expired'
+
+
+def test_a_timed_out_claim_of_a_multi_worker_job_frees_one_slot(client, market):
+    job = market.job(maxWorkers=2, competitionMode='all-paid', claimTimeoutHours=1)
+    other, other_key = worker(client, 'other')
+    lapsing = market.claim(job)
+    mp.CLOCK.advance(minutes=30)
+    kept = market.deliver(job, market.claim(job, agent=other, key=other_key), key=other_key)
+    mp.CLOCK.advance(minutes=31)
+    assert expire(client)['reputationPenalties'] == 1
+    detail = market.get_job(job)
+    assert [c['status'] for c in detail['claims']] == ['expired', 'delivered']
+    assert (detail['job']['status'], detail['job']['claimCount']) == ('delivered', 1)
+    assert claim_status(detail, kept) == 'delivered' and claim_status(detail, lapsing) == 'expired'
+
+
+def test_the_requester_may_release_an_overdue_claim_at_once(client, app, market):
+    approved_jobs(market, 1)
+    job = market.job(claimTimeoutHours=3)
+    claim = market.claim(job)
+    mp.CLOCK.advance(hours=2, minutes=59)
+    assert_error(release(market, job, claim, market.requester_key), 409, 'claim_not_overdue')
+    mp.CLOCK.advance(minutes=1)
+    _, stranger_key = make_account(client, 'stranger')
+    for key in (stranger_key, market.worker_key):             # a stranger, and the worker itself
+        assert_error(release(market, job, claim, key), 403, 'forbidden')
+    assert_error(release(market, job, claim, None), 401, 'unauthorized')
+    assert claim_status(market.get_job(job), claim) == 'claimed'
+    answer = release(market, job, claim, market.requester_key)
+    assert answer.status == 200, answer
+    assert set(answer.json) == {'claim', 'job'}
+    assert (answer.json['claim']['id'], answer.json['claim']['status']) == (claim['id'], 'expired')
+    assert (answer.json['job']['status'], answer.json['job']['claimCount']) == ('open', 0)
+    assert history(client, market.agent)[0] == PENALTY
+    assert_error(release(market, job, claim, market.requester_key), 409, 'claim_not_claimed')
+    assert expire(client) == NOTHING_EXPIRED                   # nothing left for the sweep
+    assert mp.ledger_problems(app.service.db) == []
+
+
+def test_an_admin_may_release_and_only_a_claim_still_claimed(client, market):
+    job = market.job(claimTimeoutHours=1)
+    claim = market.claim(job)
+    delivered_job, delivered = market.delivered_job(claimTimeoutHours=1)
+    mp.CLOCK.advance(hours=1)
+    assert_error(release(market, delivered_job, delivered, ADMIN_KEY), 409, 'claim_not_claimed')
+    assert_error(release(market, delivered_job, claim, ADMIN_KEY), 404, 'not_found')   # a claim of another job
+    answer = client.post(f'/api/jobs/{job["id"]}/claims/not-a-uuid/release', key=ADMIN_KEY)
+    assert_error(answer, 400, 'invalid_uuid')
+    answer = release(market, job, claim, ADMIN_KEY)
+    assert answer.status == 200, answer
+    assert answer.json['claim']['status'] == 'expired'
 
 
 # Auto-verify -----------------------------------------------------------------

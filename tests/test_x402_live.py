@@ -43,7 +43,9 @@ MATCH_PRICE = ('--x402-price', 'GET /api/jobs/match=0.01')
 # Helpers ---------------------------------------------------------------------
 
 def x402_args(rpc_url, *extra, price=MATCH_PRICE):
-    return ['--rpc-url', rpc_url, '--chain-id', '8453', '--confirmations', '1', '--rate-limits', 'off', *price, *extra]
+    # --allow-simulated-rails: open_code_job posts a USD job (simulated) beside real USDC
+    return ['--rpc-url', rpc_url, '--chain-id', '8453', '--confirmations', '1', '--rate-limits', 'off',
+            '--allow-simulated-rails', *price, *extra]
 
 
 def serving(db, rpc_url, *extra, price=MATCH_PRICE, env=None):

@@ -52,7 +52,8 @@ def start(tmp_path, anvil, usdc):
     def start_app(**overrides):
         values = dict(db=str(tmp_path / f'x402-{len(apps)}.db'), rate_limits='off', admin_key=ADMIN_KEY,
                       public_url='http://market.test', rpc_url=anvil.url, escrow_key=ESCROW_KEY, confirmations=1,
-                      x402_price=mp.parse_prices('GET /api/jobs/match=0.01; POST /api/jobs=0.05'))
+                      x402_price=mp.parse_prices('GET /api/jobs/match=0.01; POST /api/jobs=0.05'),
+                      allow_simulated_rails=True)       # paid posts make USD jobs, simulated beside real USDC
         values.update(overrides)
         app = mp.make_app(mp.Settings(**values))
         apps.append(app)
