@@ -2210,14 +2210,6 @@ def get_arbitrator(db, arbitrator_id):
     return arbitrator
 
 
-def dispute_parties(db, dispute):
-    """The accounts a dispute is between: the job's requester and the owner of the claim's agent."""
-    row = db.row('''SELECT j.requester_id, a.account_id AS worker_id FROM claims c
-                     JOIN jobs j ON j.id = c.job_id JOIN agents a ON a.id = c.agent_id
-                     WHERE c.id = :claim''', {'claim': dispute['claim_id']})
-    return {row['requester_id'], row['worker_id']}
-
-
 def dispute_links(db, claim_id):
     """What ties an arbitrator to a dispute over this claim: the parties' accounts, and the wallets
     (lowercase) of the worker's agent and of the job's funding payer."""
