@@ -120,9 +120,10 @@ def proof_header(anvil, tx_hash, payer):
     return base64.b64encode(text.encode()).decode()
 
 
-def authorization_header(key, value=PRICE):
-    """A form-2 X-PAYMENT: an EIP-3009 authorization of `value` to the escrow wallet, valid for an hour."""
-    return header_of(x_payment(sign_authorization(key, ESCROW, value, valid_after=int(time.time()) - 600)))
+def authorization_header(anvil, key, value=PRICE):
+    """A form-2 X-PAYMENT: an EIP-3009 authorization of `value` to the escrow wallet, valid for an hour on the
+    server's clock and the chain's alike (Anvil.window)."""
+    return header_of(x_payment(sign_authorization(key, ESCROW, value, *anvil.window(ahead=3600))))
 
 
 def at_once(count, call):
@@ -324,7 +325,7 @@ def test_one_payment_sent_by_many_threads_at_once_pays_for_one_call(anvil, usdc,
                 assert_x402_refused(answer, 'payment_replayed')
 
         before, escrow_nonce = balances(anvil, auth_payer, ESCROW), nonce_of(anvil, ESCROW)
-        authorization = authorization_header(auth_key)
+        authorization = authorization_header(anvil, auth_key)
         answers = at_once(4, lambda: paid_get(server, authorization))
         assert outcomes(answers) == [(200, None)] + [(402, 'payment_replayed')] * 3
         assert balances(anvil, auth_payer, ESCROW) == (before[0] - PRICE, before[1] + PRICE)
@@ -374,7 +375,7 @@ def test_a_bad_price_refuses_to_start_with_a_message(anvil, tmp_path):
 def test_a_crash_before_the_settlement_is_sent_pays_once_and_answers_the_call(anvil, usdc, tmp_path):
     payer_key, payer = funded(anvil, 2)
     db = tmp_path / 'm.db'
-    header = authorization_header(payer_key)
+    header = authorization_header(anvil, payer_key)
     proxy = RPCProxy(anvil.url)
     try:
         with serving(db, proxy.url, '--sweep-interval', '600') as server:

@@ -13,6 +13,7 @@ ledger must balance when the test ends.
 
 import json
 import re
+import time
 from datetime import timedelta
 from urllib.parse import quote
 
@@ -79,10 +80,27 @@ def slow(monkeypatch):
 
 def authorization(anvil, key=PAYER_KEY, to=ESCROW, value=MATCH_PRICE, valid_after=None, valid_before=None,
                   nonce=None):
-    """A form-2 X-PAYMENT object as an x402 client sends it, valid from ten minutes before anvil's clock."""
-    now = anvil.timestamp()
-    return x_payment(sign_authorization(key, to, value, now - 600 if valid_after is None else valid_after,
-                                        now + 300 if valid_before is None else valid_before, nonce))
+    """A form-2 X-PAYMENT object as an x402 client sends it, valid on the server's clock and the chain's alike
+    (Anvil.window) unless its window is given."""
+    earliest, latest = anvil.window()
+    return x_payment(sign_authorization(key, to, value, earliest if valid_after is None else valid_after,
+                                        latest if valid_before is None else valid_before, nonce))
+
+
+def expired(anvil):
+    """Expired by every clock: the server's, the newest block's."""
+    earliest, _ = anvil.window(0, 0)
+    return authorization(anvil, valid_after=earliest - 1200, valid_before=earliest - 60)
+
+
+def not_yet_valid(anvil):
+    latest = anvil.window(0, 0)[1]
+    return authorization(anvil, valid_after=latest + 600, valid_before=latest + 1200)
+
+
+def expiring(anvil):
+    """Valid now by the server's clock, but for less than the SETTLE_MARGIN (6 s) that settling may take."""
+    return authorization(anvil, valid_after=anvil.window()[0], valid_before=int(time.time()) + 3)
 
 
 def forged(anvil):
@@ -250,12 +268,9 @@ def settled_outside(anvil):
     (forged, 1_000_000, 'payment_signature_invalid', 'signature'),
     (lambda anvil: authorization(anvil, to=SOMEONE), 1_000_000, 'payment_wrong_recipient', 'recipient'),
     (lambda anvil: authorization(anvil, value=MATCH_PRICE - 1), 1_000_000, 'payment_insufficient', 'amount'),
-    (lambda anvil: authorization(anvil, valid_after=anvil.timestamp() - 1200, valid_before=anvil.timestamp() - 60),
-     1_000_000, 'payment_expired', 'fresh'),
-    (lambda anvil: authorization(anvil, valid_after=anvil.timestamp() + 600, valid_before=anvil.timestamp() + 1200),
-     1_000_000, 'payment_expired', 'fresh'),
-    (lambda anvil: authorization(anvil, valid_after=anvil.timestamp() - 600, valid_before=anvil.timestamp() + 3),
-     1_000_000, 'payment_expired', 'fresh'),         # valid for less than the SETTLE_MARGIN settling may take
+    (expired, 1_000_000, 'payment_expired', 'fresh'),
+    (not_yet_valid, 1_000_000, 'payment_expired', 'fresh'),
+    (expiring, 1_000_000, 'payment_expired', 'fresh'),
     (settled_outside, 1_000_000, 'payment_replayed', 'notReplayed'),
     (lambda anvil: authorization(anvil), MATCH_PRICE - 1, 'payment_insufficient', 'balance'),
 ], ids=['signature', 'recipient', 'amount', 'expired', 'not-yet-valid', 'expires-too-soon', 'used-on-chain',

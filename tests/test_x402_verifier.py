@@ -568,8 +568,9 @@ def test_an_authorization_settles_on_chain_once(anvil, usdc):
     pay_to = Account.create().address
     anvil.mint(PAYER, 3 * PRICE)
     payer_usdc, payer_eth = anvil.balance(PAYER), anvil.w3.eth.get_balance(PAYER)
-    now = anvil.timestamp()
-    signed = sign_authorization(PAYER_KEY, pay_to, PRICE, valid_after=now - 600, valid_before=now + 600)
+    valid_after, valid_before = anvil.window()      # valid on the wall clock (`now`) and the chain's alike
+    now = int(time.time())
+    signed = sign_authorization(PAYER_KEY, pay_to, PRICE, valid_after=valid_after, valid_before=valid_before)
     header = header_of(x_payment(signed))
 
     evaluation = evaluate(header, chain=node, pay_to=pay_to, now=now)        # every check, the node's too
@@ -611,7 +612,7 @@ def test_the_x402_clients_authorization_settles_on_chain(anvil, usdc):
     node = Chain(anvil.url)
     requirements = dict(REQUIREMENTS, payTo=Account.create().address)
     anvil.mint(PAYER, PRICE)
-    now = anvil.timestamp()
+    now = int(time.time())      # as the client signs: the wall clock, which the next block follows too
     payment = decode_payment_header(header_of(x402_client_payment(PAYER_KEY, requirements, now=now)))
     assert check(payment, token=requirements['asset'], pay_to=requirements['payTo'],
                  min_amount=int(requirements['maxAmountRequired']), now=now) == PAYER
@@ -623,15 +624,16 @@ def test_the_x402_clients_authorization_settles_on_chain(anvil, usdc):
 def test_an_authorization_for_another_token_chain_or_name_is_refused_before_anything_is_sent(anvil, usdc):
     node = Chain(anvil.url)
     anvil.mint(PAYER, PRICE)
-    now, block, relayer_nonce = anvil.timestamp(), anvil.block_number(), node.nonce(RELAYER)
+    (valid_after, valid_before), now = anvil.window(), int(time.time())
+    block, relayer_nonce = anvil.block_number(), node.nonce(RELAYER)
     for domain in ({'token': OTHER_TOKEN}, {'chain_id': 84532}, {'chain_id': 1}, {'name': 'USDC'}, {'version': '1'}):
-        payment = x_payment(sign_authorization(PAYER_KEY, PAY_TO, PRICE, now - 600, now + 600, **domain))
+        payment = x_payment(sign_authorization(PAYER_KEY, PAY_TO, PRICE, valid_after, valid_before, **domain))
         with pytest.raises(VerificationError) as raised:
             check(payment, now=now)
         assert code_of(raised) == 'payment_signature_invalid', domain
     assert (anvil.block_number(), node.nonce(RELAYER), anvil.balance(PAYER)) == (block, relayer_nonce, PRICE)
     # and the chain agrees: the token refuses such a signature
-    bad = x_payment(sign_authorization(PAYER_KEY, PAY_TO, PRICE, now - 600, now + 600, name='USDC'))
+    bad = x_payment(sign_authorization(PAYER_KEY, PAY_TO, PRICE, valid_after, valid_before, name='USDC'))
     assert settle(node, bad)['status'] == 0
     assert anvil.balance(PAYER) == PRICE
 
@@ -639,8 +641,7 @@ def test_an_authorization_for_another_token_chain_or_name_is_refused_before_anyt
 def test_wait_for_receipt_on_a_pending_transaction(anvil, usdc):
     node = Chain(anvil.url)
     anvil.mint(PAYER, PRICE)
-    now = anvil.timestamp()
-    payment = x_payment(sign_authorization(PAYER_KEY, PAY_TO, PRICE, now - 600, now + 600))
+    payment = x_payment(sign_authorization(PAYER_KEY, PAY_TO, PRICE, *anvil.window()))
     anvil.automine(False)
     max_fee, tip = node.fee_caps()
     raw, tx_hash = sign_transfer_with_authorization(RELAYER_KEY, token=USDC, payment=payment,
