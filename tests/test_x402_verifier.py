@@ -524,6 +524,33 @@ def test_authorization_used_with_the_node_down_is_chain_unavailable(node):
     assert len(node.calls) == 1
 
 
+def revert_answer(reason):
+    """A node's answer to an eth_call that reverts with Error(reason) (JSON-RPC error code 3, as geth and anvil)."""
+    data = '0x08c379a0' + format(32, '064x') + format(len(reason), '064x') + reason.encode().hex().ljust(64, '0')
+    return answering(json.dumps({'jsonrpc': '2.0', 'id': 0, 'error': {
+        'code': 3, 'message': f'execution reverted: {reason}', 'data': data}}))
+
+
+def test_revert_reason_runs_the_call_in_the_pending_block(node):
+    data = '0x' + 'ab' * 36
+    node.answers['eth_call'] = answering(json.dumps({'jsonrpc': '2.0', 'id': 0, 'result': '0x'}))
+    assert Chain(NODE_URL).revert_reason(RELAYER.lower(), USDC.lower(), data) is None
+    [params] = [params for method, params in node.calls if method == 'eth_call']
+    assert params == [{'from': RELAYER, 'to': USDC, 'data': data}, 'pending']
+    node.answers['eth_call'] = revert_answer('FiatTokenV2: authorization is expired')
+    assert Chain(NODE_URL).revert_reason(RELAYER, USDC, data) == 'FiatTokenV2: authorization is expired'
+
+
+def test_revert_reason_with_the_node_down_or_erring_is_chain_unavailable(node):
+    import requests
+    node.answers['eth_call'] = answering('{"jsonrpc": "2.0", "id": 0, "error": {"code": -32603, "message": "no"}}')
+    with pytest.raises(ChainUnavailable):
+        Chain(NODE_URL).revert_reason(RELAYER, USDC, '0x')
+    node.fail = requests.exceptions.ConnectionError('refused')
+    with pytest.raises(ChainUnavailable):
+        Chain(NODE_URL).revert_reason(RELAYER, USDC, '0x')
+
+
 def test_wait_for_receipt_polls_until_mined(node):
     receipt = make_receipt(tx_hash=tx_hash_of('settled'))
     original, asked = node.result, []
