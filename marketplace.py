@@ -138,7 +138,8 @@ class Price:
 
 def parse_prices(entries):
     """x402 prices: 'METHOD PATH=PRICE' entries (a list, or one string with entries separated by ';' or new
-    lines), PATH a route of the service (/api/jobs/:id, /api/jobs/{id} or /api/jobs/<job_id>), PRICE in USDC."""
+    lines), PATH a route of the service (/api/jobs/:id, /api/jobs/{id} or /api/jobs/<job_id>), PRICE in USDC.
+    A price covers the operation, not one path: one Price per route of it (its aliases too); a later entry wins."""
     if isinstance(entries, str):
         entries = re.split(r'[;\n]', entries)
     prices = {}
@@ -156,8 +157,16 @@ def parse_prices(entries):
             raise ValueError(f'{entry!r}: the service has no endpoint {endpoint.strip()}')
         if rule == '/api/x402':
             raise ValueError(f'{entry!r}: /api/x402 tells callers how to pay; it cannot be priced')
-        prices[(method, rule)] = Price(method, rule, units)
+        for alias in operation_routes(method, rule):
+            prices[alias] = Price(*alias, units)
     return tuple(prices.values())
+
+
+def operation_routes(method, rule):
+    """The routes of the operation METHOD rule names: its own first, then its aliases (routes sharing its handler,
+    as /api/jobs/<job_id>/submit shares deliver's)."""
+    handler = next(handler for m, r, handler, _ in ROUTES if (m, r) == (method, rule))
+    return [(method, rule)] + [(m, r) for m, r, h, _ in ROUTES if h is handler and (m, r) != (method, rule)]
 
 
 def route_of(endpoint):
@@ -229,7 +238,8 @@ SETTINGS = [
     Setting('confirmations', 2, parse_positive(int), 'blocks deep a payment must be (its own block counts as one)'),
     Setting('payment_max_age', 86400.0, parse_positive(float), 'seconds after which a payment is too old to use'),
     Setting('x402_price', (), parse_prices,
-            'price an endpoint for x402 calls without a key, "METHOD PATH=USDC" (repeatable; needs --rpc-url)',
+            'price an operation for x402: every caller pays but admins and exempt accounts, "METHOD PATH=USDC" '
+            '(repeatable; needs --rpc-url and --x402-pay-to)',
             many=True),
     Setting('facilitator_url', '', str,
             'an x402 facilitator (its /verify and /settle) to settle authorizations instead of the escrow wallet'),
@@ -1404,7 +1414,7 @@ def account_for_key(db, key):
     """The account of a live key, or None for an unknown or revoked key."""
     digest = hash_key(key)
     row = db.row('''
-        SELECT a.id, a.name, a.role, k.key_hash FROM api_keys k JOIN accounts a ON a.id = k.account_id
+        SELECT a.id, a.name, a.role, a.x402_exempt, k.key_hash FROM api_keys k JOIN accounts a ON a.id = k.account_id
         WHERE k.key_hash = :digest AND k.revoked_at IS NULL''', {'digest': digest})
     if row is None or not hmac.compare_digest(row.pop('key_hash'), digest):
         return None
@@ -3040,6 +3050,7 @@ class WebhookWorker:
 ###############################################################################
 
 X402_NEEDS_CHAIN = '--x402-price needs --rpc-url and --escrow-key: x402 payments are checked on chain'
+X402_NEEDS_PAY_TO = '--x402-price needs --x402-pay-to: the address x402 payments go to (never the escrow address)'
 X402_TIMEOUT_SECONDS = 60       # maxTimeoutSeconds: how long a client's authorization stays valid
 SETTLEMENT_WAIT = 10            # seconds a paid call waits for its settlement to be mined
 SETTLE_MARGIN = 6               # an authorization must stay valid this long for the relayer to settle it
@@ -3059,13 +3070,37 @@ FACILITATOR_REASONS = {
 }
 
 
+def x402_pay_to(address, escrow_address):
+    """--x402-pay-to checked and checksummed: required, an address, never the escrow address (a deposit could then
+    pay a call, and a call's payment fund a job); ValueError otherwise."""
+    from verifier.addresses import address_problem, to_checksum_address
+    if not address:
+        raise ValueError(X402_NEEDS_PAY_TO)
+    problem = address_problem(address.strip())
+    if problem:
+        raise ValueError(f'--x402-pay-to {address.strip()!r} {problem}')
+    pay_to = to_checksum_address(address.strip())
+    if int(pay_to, 16) == 0:
+        raise ValueError('--x402-pay-to is the zero address: USDC refuses transfers to it')
+    if pay_to == escrow_address:
+        raise ValueError(f'--x402-pay-to is the escrow address {escrow_address}: x402 payments must go elsewhere, so '
+                         'that a deposit can never pay a call, nor a call\'s payment fund a job')
+    return pay_to
+
+
+def x402_exempt(account):
+    """True for a caller whom x402 prices do not bind: an admin key, or an account an admin marked x402Exempt."""
+    return account is not None and (is_admin(account) or bool(account.get('x402_exempt')))
+
+
 class X402:
     """x402 (v1) pay-per-call (CONTRACT.md 7): the priced endpoints, the 402 answer, and taking a payment.
 
-    A form-1 proof is checked on chain and consumed in the transaction that answers the call. A form-2
-    authorization is checked, then settled before the call is answered: signed by the escrow wallet as relayer
-    and stored in the same transaction that reserves the authorization (so a crash never leaves a gap in the
-    wallet's nonces), sent, and awaited; or settled by --facilitator-url. A call whose settlement is slower than
+    Payments go to --x402-pay-to, never to the escrow address. A form-1 proof is checked on chain and consumed in
+    the transaction that answers the call. A form-2 authorization is checked and its settlement simulated, then
+    settled before the call is answered: signed by the escrow wallet as relayer (it pays the gas) and stored in
+    the same transaction that reserves the authorization (so a crash never leaves a gap in the wallet's nonces),
+    sent, and awaited; or settled by --facilitator-url. A call whose settlement is slower than
     SETTLEMENT_WAIT answers 503, and the same X-PAYMENT sent again is answered once the settlement is mined.
     """
 
@@ -3078,6 +3113,7 @@ class X402:
         if self.network is None:
             raise ValueError(f'x402 works on Base (8453) and Base Sepolia (84532), not on chain {settings.chain_id}')
         _, self.token_name, self.token_version = NETWORKS[self.network]
+        self.pay_to = x402_pay_to(settings.x402_pay_to, onchain.escrow_address)
         self.settings, self.onchain = settings, onchain
         self.prices = {(price.method, price.rule): price for price in settings.x402_price}
         self.facilitator = settings.facilitator_url.rstrip('/')
@@ -3087,7 +3123,7 @@ class X402:
 
     def card_terms(self):
         """What the service card advertises (hashable, so the card can be cached)."""
-        return (self.network, self.settings.chain_id, self.onchain.usdc, self.onchain.escrow_address,
+        return (self.network, self.settings.chain_id, self.onchain.usdc, self.pay_to,
                 tuple(price.endpoint for price in self.prices.values()))
 
     def requirements(self, price, resource):
@@ -3095,7 +3131,7 @@ class X402:
         summary = API_OPERATIONS[(price.method, price.rule)]['summary']
         return {'scheme': 'exact', 'network': self.network, 'maxAmountRequired': str(price.amount),
                 'resource': resource, 'description': f'{price.endpoint}: {summary}',
-                'mimeType': 'application/json', 'payTo': self.onchain.escrow_address,
+                'mimeType': 'application/json', 'payTo': self.pay_to,
                 'maxTimeoutSeconds': X402_TIMEOUT_SECONDS, 'asset': self.onchain.usdc,
                 'extra': {'name': self.token_name, 'version': self.token_version}}
 
@@ -3116,10 +3152,13 @@ class X402:
 
     # ----- checking a payment -----
 
-    def evaluate(self, db, header, price):
-        """Every check of an X-PAYMENT against a price (verifier.x402.evaluate_payment), the chain's included;
-        with a facilitator, an authorization's on-chain checks are the facilitator's."""
+    def evaluate(self, db, header, price, mark=None):
+        """Every check of an X-PAYMENT against a price (verifier.x402.evaluate_payment), the chain's included, the
+        balance less what is promised to pending settlements (`mark`: settled_mark before the chain is read) and,
+        for the relayer, the settlement simulated; with a facilitator, an authorization's on-chain checks are the
+        facilitator's."""
         from verifier.x402 import decode_payment_header, evaluate_payment
+        mark = mark or self.settled_mark(db)
         try:
             payment = decode_payment_header(header)
         except VerificationError:
@@ -3127,7 +3166,7 @@ class X402:
         form = payment.get('payload') if isinstance(payment, dict) else None
         by_facilitator = self.facilitator and isinstance(form, dict) and 'authorization' in form
         evaluation = evaluate_payment(
-            payment, chain_id=self.settings.chain_id, token=self.onchain.usdc, pay_to=self.onchain.escrow_address,
+            payment, chain_id=self.settings.chain_id, token=self.onchain.usdc, pay_to=self.pay_to,
             min_amount=price.amount, now=now().timestamp(), chain=None if by_facilitator else self.onchain.chain,
             confirmations=self.settings.confirmations, max_age_seconds=self.settings.payment_max_age,
             tx_used=lambda tx_hash: used_payment(db, self.settings.chain_id, tx_hash) is not None,
@@ -3142,7 +3181,50 @@ class X402:
             else:
                 evaluation.checks.fail('resource', VerificationError(
                     f'The payment is for {resource!r}, not for {price.endpoint}.', 'payment_invalid'))
+        self.covered(db, evaluation, mark)
+        if evaluation.form == 'authorization' and not by_facilitator and evaluation.error is None:
+            evaluation.checks.run('settles', self.check_settles, evaluation.payment)
         return evaluation
+
+    def covered(self, db, evaluation, mark):
+        """Whether the payer's balance as read from the chain, less what its settlements that balance may not show
+        yet will move (those pending, or made or pending since `mark`, taken before the read), still covers this
+        authorization (its own settlement aside: that one is a replay); if not, its `balance` check fails
+        (payment_insufficient). True when there is no balance to compare."""
+        if evaluation.form != 'authorization' or evaluation.balance is None or \
+                evaluation.checks.results.get('balance') is not True:
+            return True
+        promised = db.value('''
+            SELECT coalesce(sum(amount), 0) FROM x402_payments
+            WHERE chain_id = :chain AND asset = :asset AND payer = :payer AND form = 'authorization'
+              AND status != 'failed' AND authorization_nonce != :nonce
+              AND (status = 'pending' OR seq > :seq OR id IN (SELECT value FROM json_each(:pending)))''',
+            {'chain': self.settings.chain_id, 'asset': self.onchain.usdc, 'payer': evaluation.payer,
+             'nonce': evaluation.nonce, **mark})
+        if evaluation.balance - promised >= evaluation.amount:
+            return True
+        evaluation.checks.fail('balance', VerificationError(
+            f'The payer holds {evaluation.balance} base units of USDC, {promised} of them promised to settlements not '
+            f'yet done; the authorization moves {evaluation.amount}.', 'payment_insufficient'))
+        return False
+
+    def check_settles(self, payment):
+        """The relayer's settlement run as an eth_call from the escrow wallet, in the block being built: one that
+        would revert is refused before anything is signed, so the escrow wallet never pays gas for it."""
+        from verifier.x402 import settlement_data
+        reason = self.onchain.chain.revert_reason(self.onchain.escrow_address, self.onchain.usdc,
+                                                  settlement_data(payment))
+        if reason is not None:
+            raise VerificationError(f'Settling this authorization would revert on chain ({reason}); nothing was '
+                                    'signed or sent.', 'payment_reverted')
+
+    @staticmethod
+    def settled_mark(db):
+        """Where the settlements stand before the chain is read: the newest row, and those still pending. A
+        settlement after the mark, or pending at it, may be missing from a balance read then (see covered)."""
+        return {'seq': db.value('SELECT coalesce(max(seq), 0) FROM x402_payments'),
+                'pending': json.dumps([row['id'] for row in
+                                       db.rows("SELECT id FROM x402_payments WHERE status = 'pending'")])}
 
     def authorization_record(self, db, payer, nonce):
         return db.row('''SELECT * FROM x402_payments WHERE chain_id = :chain AND asset = :asset AND payer = :payer
@@ -3177,35 +3259,42 @@ class X402:
 
     # ----- taking a payment -----
 
-    def answer(self, price, handler, params):
+    def answer(self, price, handler, params, account=None):
         """Answer a priced call paid with X-PAYMENT: the payment checked, settled if it is an authorization, then
-        consumed in the transaction that runs the handler. 402 if it does not check out. A signed authorization
-        acts as the payer's wallet account; a proof of a transfer acts as no one, for anyone can copy it from
-        the chain, so it cannot pay a call that needs an account."""
+        consumed in the transaction that runs the handler. 402 if it does not check out. A call with a key acts as
+        the key's `account`; without one, a signed authorization acts as the payer's wallet account, and a proof
+        of a transfer acts as no one, for anyone can copy it from the chain, so it cannot pay a call that needs an
+        account."""
         svc = service()
         header = request.get_header('X-PAYMENT')
         if not header:
-            raise self.refusal(price, 'X-PAYMENT header is required: pay with one of `accepts` (x402).',
+            raise self.refusal(price, ('Only admin keys and exempt accounts call this free: pay' if account else
+                                       'X-PAYMENT header is required: pay') + ' with one of `accepts` (x402).',
                                'payment_required')
-        evaluation = self.evaluate(svc.db, header, price)
-        if evaluation.form == 'proof' and API_OPERATIONS[(price.method, price.rule)].get('auth') == 'key':
+        mark = self.settled_mark(svc.db)        # before the chain is read
+        evaluation = self.evaluate(svc.db, header, price, mark)
+        if evaluation.form == 'proof' and account is None and \
+                API_OPERATIONS[(price.method, price.rule)].get('auth') == 'key':
             evaluation.checks.fail('signature', VerificationError(
-                f'{price.endpoint} acts as the payer\'s account: pay it with a signed authorization. A proof of a '
-                'transfer does not show who sends it (anyone can copy it from the chain).', 'payment_invalid'))
+                f'{price.endpoint} acts as the payer\'s account: pay it with a signed authorization (or with an API '
+                'key). A proof of a transfer does not show who sends it (anyone can copy it from the chain).',
+                'payment_invalid'))
         record = None
         if evaluation.form == 'authorization':
-            record = self.settlement(svc.db, evaluation, price)
+            record = self.settlement(svc.db, evaluation, price, mark)
         elif evaluation.error:
             raise self.refuse(price, evaluation)
         moment = now_iso()
         with svc.db.transaction():
-            account = wallet_account(svc.db, evaluation.payer) if record else None
+            if account is None and record:
+                account = wallet_account(svc.db, evaluation.payer)
             try:
                 if record is None:      # form 1: the proof is consumed here
                     record = {'id': new_id(), 'form': 'proof', 'endpoint': price.endpoint,
                               'chain_id': self.settings.chain_id, 'asset': self.onchain.usdc,
                               'payer': evaluation.payer, 'amount': evaluation.amount, 'tx_hash': evaluation.tx_hash,
-                              'status': 'confirmed', 'granted_at': moment, 'created_at': moment}
+                              'status': 'confirmed', 'account_id': account and account['id'], 'granted_at': moment,
+                              'created_at': moment}
                     svc.db.insert('used_payments', {'chain_id': self.settings.chain_id, 'tx_hash': record['tx_hash'],
                                                     'purpose': 'x402', 'created_at': moment})
                     svc.db.insert('x402_payments', record)
@@ -3223,23 +3312,27 @@ class X402:
             {'success': True, 'transaction': record['tx_hash'], 'network': self.network, 'payer': evaluation.payer}))
         return result
 
-    def settlement(self, db, evaluation, price):
+    def settlement(self, db, evaluation, price, mark):
         """The confirmed settlement of a form-2 payment not yet answered: made now, or, when the same X-PAYMENT
         comes again after a 503, the one made then."""
         record = evaluation.payer and self.authorization_record(db, evaluation.payer, evaluation.nonce)
         # The same authorization again: only what its own settlement changed may fail now.
         again = record is not None and record['tx_hash'] is not None and record['granted_at'] is None and \
-            set(evaluation.checks.errors) <= {'fresh', 'notReplayed', 'balance'}
+            set(evaluation.checks.errors) <= {'fresh', 'notReplayed', 'balance', 'settles'}
         if again and record['status'] == 'failed':
             raise self.refusal(price, f'The settlement {record["tx_hash"]} reverted on chain: nothing was paid.',
                                'payment_reverted')
         if not again:
+            if record is not None:      # reserved by another call since it was checked: a replay (not a revert)
+                evaluation.checks.fail('notReplayed', VerificationError('This authorization has been used already.',
+                                                                        'payment_replayed'))
+            self.covered(db, evaluation, mark)      # once more: one reserved since may be why the simulation reverted
             if evaluation.error is None and self.facilitator:
                 self.facilitator_verdict(evaluation, price)
             if evaluation.error:
                 raise self.refuse(price, evaluation)
             record = self.settle_by_facilitator(db, evaluation, price) if self.facilitator else \
-                self.relay(db, evaluation, price)
+                self.relay(db, evaluation, price, mark)
         if record['status'] == 'pending':
             record = self.await_settlement(db, record, price)
         return record
@@ -3250,10 +3343,13 @@ class X402:
                      'amount': evaluation.amount, 'authorization_nonce': evaluation.nonce, 'status': 'pending',
                      'created_at': now_iso()}, **fields)
 
-    def reserve(self, db, record, price, sign=None):
-        """Store a settlement (its authorization can be reserved once), signing it inside the transaction."""
+    def reserve(self, db, record, price, sign=None, covered=None):
+        """Store a settlement (its authorization can be reserved once), signing it inside the transaction, after
+        `covered` (run in it too) found the payer's balance still covers it."""
         try:
             with db.transaction():
+                if covered:
+                    covered()
                 if sign:
                     record['raw_tx'], record['tx_hash'], record['nonce'] = sign()
                     db.insert('used_payments', {'chain_id': record['chain_id'], 'tx_hash': record['tx_hash'],
@@ -3263,10 +3359,16 @@ class X402:
         except apsw.ConstraintError:
             raise self.refusal(price, 'This authorization has been used already.', 'payment_replayed') from None
 
-    def relay(self, db, evaluation, price):
-        """Settle with the escrow wallet as relayer: signed and stored (await_settlement sends it)."""
+    def relay(self, db, evaluation, price, mark):
+        """Settle with the escrow wallet as relayer: signed and stored (await_settlement sends it), if in that
+        transaction the payer's balance still covers it. Requests racing each other may all have read the same
+        balance; one transaction at a time, each finds what the others reserved."""
+        def covered():
+            if not self.covered(db, evaluation, mark):
+                raise self.refuse(price, evaluation)
         record = self.new_record(evaluation, price)
-        self.reserve(db, record, price, sign=lambda: self.onchain.sign_settlement(db, evaluation.payment))
+        self.reserve(db, record, price, sign=lambda: self.onchain.sign_settlement(db, evaluation.payment),
+                     covered=covered)
         return record
 
     def settle_by_facilitator(self, db, evaluation, price):
@@ -3306,7 +3408,7 @@ class X402:
             raise self.refusal(price, f'The payment is being settled on chain ({record["tx_hash"]}); send the '
                                       'same X-PAYMENT again in a few seconds.', 'chain_unavailable') from None
         try:
-            check_usdc_transfer(receipt, token=self.onchain.usdc, recipient=self.onchain.escrow_address,
+            check_usdc_transfer(receipt, token=self.onchain.usdc, recipient=self.pay_to,
                                 min_amount=record['amount'], payer=record['payer'])
             status = 'confirmed'
         except VerificationError:
@@ -3432,7 +3534,7 @@ def get_x402():
         return {'x402Version': 1, 'enabled': False, 'endpoints': []}
     base = svc.settings.base_url
     return {'x402Version': 1, 'enabled': True, 'network': x402.network, 'chainId': svc.settings.chain_id,
-            'asset': x402.onchain.usdc, 'payTo': x402.onchain.escrow_address,
+            'asset': x402.onchain.usdc, 'payTo': x402.pay_to,
             'settlement': 'facilitator' if x402.facilitator else 'relayer',
             'endpoints': [{'method': price.method, 'path': openapi_path(price.rule), 'price': price.usdc,
                            'currency': 'USDC', 'maxAmountRequired': str(price.amount),
@@ -3506,6 +3608,25 @@ def post_account():
     response.status = 201
     return {'account': {'id': account['id'], 'name': account['name'], 'role': account['role']},
             'apiKey': key}
+
+
+@route('PATCH', '/api/accounts/<account_id>')
+def patch_account(account_id):
+    """An admin exempts an account from x402 prices, or binds it to them again."""
+    account = require_account()
+    account_id = parse_uuid(account_id, 'accountId')
+    form = Form(read_json_body())
+    exempt = form.boolean('x402Exempt', required=True)
+    form.done()
+    require_admin(account)
+    db = service().db
+    with db.transaction():
+        if not db.execute('UPDATE accounts SET x402_exempt = :exempt WHERE id = :id',
+                          {'exempt': int(exempt), 'id': account_id}):
+            raise NotFound('No account has this id.')
+    row = db.row('SELECT id, name, role, x402_exempt FROM accounts WHERE id = :id', {'id': account_id})
+    return {'account': {'id': row['id'], 'name': row['name'], 'role': row['role'],
+                        'x402Exempt': bool(row['x402_exempt'])}}
 
 
 @route('POST', '/api/agents/register', limit='registration')
@@ -3888,7 +4009,7 @@ def service_card(base_url, x402=None):
     }
     if x402:
         network, chain_id, asset, pay_to, endpoints = x402
-        card['description'] += ' Some endpoints can also be paid per call in USDC with x402, without a key.'
+        card['description'] += ' Some endpoints are paid per call in USDC with x402, with or without a key.'
         card['capabilities']['extensions'] = [{
             'uri': X402_EXTENSION, 'required': False,
             'description': f'x402 (v1) pay-per-call in USDC on {network}: {", ".join(endpoints)}. '
@@ -4756,7 +4877,9 @@ API_SCHEMAS = {
         'id': UUID_SCHEMA,
         'name': {'type': 'string', 'minLength': 1, 'maxLength': 100},
         'role': {'type': 'string', 'enum': ['admin', 'member']},
-    }),
+        'x402Exempt': {'type': 'boolean', 'description': 'Calls x402-priced operations without paying (set by an '
+                                                         'admin; admins never pay). Only in PATCH /api/accounts/:id.'},
+    }, optional=['x402Exempt']),
     'Agent': AGENT_SCHEMA,
     'ReputationEntry': closed_object({
         'delta': dict(SIGNED_MONEY_SCHEMA, description='The nominal change, even where the 0.00 floor cut it short.'),
@@ -4855,7 +4978,8 @@ API_SCHEMAS = {
     'X402Checks': {'type': 'object', 'additionalProperties': {'type': 'boolean'},
                    'propertyNames': {'enum': ['decoded', 'version', 'scheme', 'network', 'chainId', 'token',
                                               'recipient', 'payer', 'amount', 'found', 'succeeded', 'confirmations',
-                                              'fresh', 'notReplayed', 'signature', 'balance', 'resource']},
+                                              'fresh', 'notReplayed', 'signature', 'balance', 'resource',
+                                              'settles']},
                    'description': 'Each check of the payment\'s form and whether it passed.'},
     'X402Info': closed_object({
         'x402Version': {'type': 'integer', 'enum': [1]},
@@ -4865,7 +4989,8 @@ API_SCHEMAS = {
         'asset': ADDRESS_SCHEMA,
         'payTo': ADDRESS_SCHEMA,
         'settlement': {'type': 'string', 'enum': ['relayer', 'facilitator'],
-                       'description': 'Who settles authorizations: the escrow wallet, or --facilitator-url.'},
+                       'description': 'Who settles authorizations: the escrow wallet (paying the gas; the USDC '
+                                      'goes to payTo, never to escrow), or --facilitator-url.'},
         'endpoints': {'type': 'array', 'items': closed_object({
             'method': {'type': 'string'}, 'path': {'type': 'string'},
             'price': {'type': 'string', 'pattern': r'^\d+(\.\d{1,6})?$', 'examples': ['0.01']},
@@ -4978,6 +5103,8 @@ API_SCHEMAS = {
                                                  'Without it, admins only (a human arbitrator).'),
         'accountId': dict(UUID_SCHEMA, description='Admins, without agentId: the account that will vote with it '
                                                    "(default the admin's).")}},
+    'AccountPatch': {'type': 'object', 'required': ['x402Exempt'], 'properties': {
+        'x402Exempt': {'type': 'boolean', 'description': 'true: the account calls x402-priced operations free.'}}},
     'ArbitratorPatch': {'type': 'object', 'anyOf': [{'required': ['status']}, {'required': ['trusted']}],
                         'properties': {
         'status': {'type': 'string', 'enum': ['active', 'suspended']},
@@ -5007,6 +5134,7 @@ API_SCHEMAS = {
         'openDisputes': COUNT_SCHEMA,
         'totalArbitrators': COUNT_SCHEMA,
     }),
+    'AccountResult': closed_object({'account': schema_ref('Account')}),
     'AccountCreated': closed_object({
         'account': schema_ref('Account'),
         'apiKey': {'type': 'string', 'pattern': '^mk_[A-Za-z0-9_-]+$', 'description': 'Shown once.'},
@@ -5251,6 +5379,9 @@ API_OPERATIONS = {
         'summary': 'Open registration: an account and its API key', 'tags': ['Accounts'],
         'body': 'AccountCreate', 'ok': (201, 'AccountCreated'), 'errors': (400, 403, 413, 429),
         'description': '403 `registration_closed` when the operator turned open registration off.'},
+    ('PATCH', '/api/accounts/<account_id>'): {
+        'summary': 'Exempt an account from x402 prices, or not (admins)', 'tags': ['Accounts'], 'auth': 'key',
+        'body': 'AccountPatch', 'ok': (200, 'AccountResult'), 'errors': (400, 401, 403, 404, 413)},
     ('POST', '/api/agents/register'): {
         'summary': 'Open registration: an account and its agent in one step', 'tags': ['Accounts', 'Agents'],
         'body': 'AgentCreate', 'ok': (201, 'AgentRegistered'), 'errors': (400, 403, 413, 429),
@@ -5481,7 +5612,8 @@ API_TAGS = [
     {'name': 'Arbitration', 'description': 'Community arbitrators and their votes.'},
     {'name': 'Sweeps', 'description': 'Expiry and auto-verification, also run by the server itself.'},
     {'name': 'Webhooks', 'description': 'Signed event deliveries to agents, their log, tests and chat templates.'},
-    {'name': 'Payments', 'description': 'x402: endpoints priced per call, paid in USDC without an API key.'},
+    {'name': 'Payments', 'description': 'x402: operations priced per call, paid in USDC by every caller but admin '
+                                        'keys and exempt accounts.'},
     {'name': 'Pages', 'description': 'The job board for people: server-rendered HTML.'},
 ]
 
@@ -5572,12 +5704,13 @@ def openapi_operation(path, entry):
 def priced_operation(operation, price):
     """An operation priced for x402: a key or an X-PAYMENT, a 402 with what to pay, X-PAYMENT-RESPONSE."""
     operation = json.loads(json.dumps(operation))
-    operation['description'] = (operation.get('description', '') + f'\n\nPriced for x402: {price.usdc} USDC a call '
-                                'without a key (GET /api/x402).').strip()
+    operation['description'] = (operation.get('description', '') + f'\n\nPriced for x402: {price.usdc} USDC a call, '
+                                'with or without a key; free only for admin keys and accounts an admin marked '
+                                'x402Exempt (GET /api/x402).').strip()
     operation['parameters'] = operation.get('parameters', []) + [{
         'name': 'X-PAYMENT', 'in': 'header', 'schema': {'type': 'string'},
         'description': 'An x402 payment (base64 of its JSON): a proof of a USDC transfer or an EIP-3009 '
-                       'authorization. Not needed with an API key.'}]
+                       'authorization. Not needed with an admin key or the key of an exempt account.'}]
     for status in (401, 503):       # an unknown key even with a payment; a node that cannot check it
         operation['responses'].setdefault(str(status), {'$ref': f'#/components/responses/{ERROR_RESPONSES[status][0]}'})
     operation['responses']['402'] = {
@@ -5663,6 +5796,8 @@ class Service:
     def __init__(self, settings):
         if settings.x402_price and not settings.rpc_url:
             raise ValueError(X402_NEEDS_CHAIN)      # before the database file is made
+        if settings.x402_price and not settings.x402_pay_to:
+            raise ValueError(X402_NEEDS_PAY_TO)
         self.settings = settings
         self.db = Database(settings.db)
         self.db.migrate()
@@ -5723,10 +5858,10 @@ def make_app(settings):
                         raise RateLimited(f'Too many requests; try again in {headers["Retry-After"]} seconds.')
                 method = 'GET' if request.method == 'HEAD' else request.method      # Bottle serves HEAD with GET
                 price = app.service.x402 and app.service.x402.prices.get((method, request.route.rule))
-                if price and caller() is None:      # priced for x402: a key, or a payment
-                    if request.get_header('Authorization'):
+                if price and not x402_exempt(caller()):     # priced for x402: every caller pays but the exempt
+                    if caller() is None and request.get_header('Authorization'):
                         raise Unauthorized('The API key is unknown or revoked (or pay with X-PAYMENT, without a key).')
-                    result = app.service.x402.answer(price, handler, params)
+                    result = app.service.x402.answer(price, handler, params, caller())
                 else:
                     result = handler(**params)
             except APIError as error:
@@ -5984,7 +6119,8 @@ def serve(settings):
     payments = (f'payments onchain, chain {settings.chain_id}, escrow {settings.onchain.escrow_address}'
                 if settings.onchain else 'payments simulated')
     if app.service.x402:
-        payments += '; x402: ' + ', '.join(f'{price.endpoint} {price.usdc} USDC' for price in settings.x402_price)
+        payments += '; x402: ' + ', '.join(f'{price.endpoint} {price.usdc} USDC' for price in settings.x402_price) \
+            + f' to {app.service.x402.pay_to}'
     log.info('marketplace %s serving on http://%s:%s (database %s, %s)',
              __version__, settings.host, server.server_port, settings.db, payments)
     server.serve_forever(stop_timeout=settings.shutdown_timeout)

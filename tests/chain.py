@@ -9,6 +9,7 @@ chain id 8453, and TestUSDC (fixtures/TestUSDC.sol) placed at the real Base USDC
         tx_hash = chain.transfer(payer.key, escrow_address, 25_000_000)   # '0x...' (mined)
         chain.balance(escrow_address)           # 25_000_000
         sign_funding(payer.key, account_id, tx_hash, escrow_address)     # POST /api/jobs's escrowSignature
+        signed = sign_authorization(payer.key, escrow_address, 10_000, *chain.window())   # valid on every clock
 
 Transactions are signed here with eth-account and sent raw (eth_sendRawTransaction), as the service
 does; the node auto-mines one block per transaction unless `automine(False)` or `block_time` is set.
@@ -240,6 +241,14 @@ class Anvil:
     def timestamp(self):
         """The latest block's timestamp (unix seconds)."""
         return self.w3.eth.get_block('latest')['timestamp']
+
+    def window(self, back=600, ahead=300):
+        """(validAfter, validBefore) of an authorization valid now on every clock that judges it: the wall clock
+        (the server's), the newest block's time (minutes old when nothing was mined for a while) and the next
+        block's (the chain's when it settles: the later of the two): from `back` seconds before the earliest to
+        `ahead` seconds after the latest. window(0, 0) is (earliest, latest), for windows that must miss them all."""
+        clocks = (int(time.time()), self.timestamp())
+        return min(clocks) - back, max(clocks) + ahead
 
     def mine(self, blocks=1, interval=None):
         """Mine `blocks` blocks now (`interval` seconds apart, else 1 s)."""

@@ -107,7 +107,7 @@ def test_the_other_token_is_a_separate_contract(anvil, usdc):
 
 def test_transfer_with_authorization_moves_funds_once(anvil, usdc):
     payer, payee = funded_account(anvil, 3 * USDC_UNIT), Account.create().address
-    signed = sign_authorization(payer.key, payee, 2 * USDC_UNIT, valid_before=anvil.timestamp() + 600)
+    signed = sign_authorization(payer.key, payee, 2 * USDC_UNIT, *anvil.window())
     nonce = bytes.fromhex(signed['authorization']['nonce'][2:])
     assert usdc.functions.authorizationState(payer.address, nonce).call() is False
 
@@ -129,7 +129,7 @@ def test_transfer_with_authorization_moves_funds_once(anvil, usdc):
 
 def test_the_65_byte_signature_form_works_too(anvil, usdc):
     payer = funded_account(anvil, USDC_UNIT)
-    signed = sign_authorization(payer.key, DEV_ADDRESSES[1], USDC_UNIT, valid_before=anvil.timestamp() + 600)
+    signed = sign_authorization(payer.key, DEV_ADDRESSES[1], USDC_UNIT, *anvil.window())
     auth = signed['authorization']
     call = usdc.get_function_by_signature(
         'transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,bytes)')(
@@ -154,7 +154,7 @@ def test_an_expired_authorization_reverts(anvil, usdc):
 
 def test_a_not_yet_valid_authorization_reverts_until_its_time(anvil, usdc):
     payer = funded_account(anvil, USDC_UNIT)
-    now = anvil.timestamp()
+    now = anvil.window(0, 0)[1]         # after every clock: not yet valid, however old the newest block is
     signed = sign_authorization(payer.key, DEV_ADDRESSES[1], USDC_UNIT, valid_after=now + 3600,
                                 valid_before=now + 7200)
     with pytest.raises(ContractLogicError, match='authorization is not yet valid'):
@@ -167,14 +167,14 @@ def test_a_not_yet_valid_authorization_reverts_until_its_time(anvil, usdc):
 
 def test_a_bad_signature_reverts(anvil, usdc):
     payer, thief = funded_account(anvil, 5 * USDC_UNIT), Account.create()
-    valid_before = anvil.timestamp() + 600
+    valid_after, valid_before = anvil.window()
 
     def signed(**changes):
-        return sign_authorization(payer.key, thief.address, USDC_UNIT, valid_before=valid_before, **changes)
+        return sign_authorization(payer.key, thief.address, USDC_UNIT, valid_after, valid_before, **changes)
 
     forged = signed()
     forged['authorization']['value'] = str(5 * USDC_UNIT)  # altered after signing
-    not_the_payer = sign_authorization(thief.key, thief.address, USDC_UNIT, valid_before=valid_before)
+    not_the_payer = sign_authorization(thief.key, thief.address, USDC_UNIT, valid_after, valid_before)
     not_the_payer['authorization']['from'] = payer.address  # signed by someone else
     mangled = signed()
     mangled['signature'] = mangled['signature'][:-2] + '1f'  # v = 31

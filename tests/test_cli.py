@@ -96,7 +96,8 @@ def test_keys_create_admin_makes_an_admin_key(db_path):
         answer = client.post('/api/jobs', job_body(requesterId=other_id), key=admin_key)
         assert answer.status == 201, answer
         assert answer.json['job']['requesterId'] == other_id
-        assert mp.account_for_key(app.service.db, admin_key) == {'id': admin_id, 'name': 'ops', 'role': 'admin'}
+        assert mp.account_for_key(app.service.db, admin_key) == {'id': admin_id, 'name': 'ops', 'role': 'admin',
+                                                                 'x402_exempt': 0}
         # Only the key's SHA-256 hash is stored.
         stored = app.service.db.row('SELECT key_hash, prefix FROM api_keys WHERE account_id = :id', {'id': admin_id})
         assert stored == {'key_hash': hashlib.sha256(admin_key.encode()).hexdigest(), 'prefix': admin_key[:10]}

@@ -158,6 +158,12 @@ def test_a_whole_marketplace_answers_as_documented(client, check, receiver):
     # Accounts and agents
     answer = check(client.post('/api/accounts', {'name': 'acme'}), 'POST', '/api/accounts', 201)
     requester_key = answer.json['apiKey']
+    check(client.patch(f'/api/accounts/{answer.json["account"]["id"]}', {'x402Exempt': True}, key=ADMIN_KEY),
+          'PATCH', '/api/accounts/<account_id>', 200)
+    check(client.patch(f'/api/accounts/{uuid.uuid4()}', {'x402Exempt': True}, key=ADMIN_KEY),
+          'PATCH', '/api/accounts/<account_id>', 404)
+    check(client.patch(f'/api/accounts/{answer.json["account"]["id"]}', {'x402Exempt': False}, key=requester_key),
+          'PATCH', '/api/accounts/<account_id>', 403)
     answer = check(client.post('/api/agents/register', {
         'name': 'coder-1', 'walletAddress': random_wallet(), 'webhookUrl': 'https://hooks.example.com/coder-1',
         'capabilities': {'categories': ['code'], 'languages': ['python'], 'maxJobValue': 500,

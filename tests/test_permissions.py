@@ -271,6 +271,27 @@ def row(method, path):
     return register
 
 
+# Accounts
+
+@row('PATCH', '/api/accounts/<account_id>')
+class PatchAccount(Row):
+    """Admins only (CONTRACT.md 18: x402Exempt). Owner: the account itself, which may not exempt itself."""
+    allowed = ('admin',)
+    revoke = 'admin'
+
+    def setup(self, w, caller):
+        account_id = w.account_id(w.requester_key)
+        return State(f'/api/accounts/{account_id}', {'x402Exempt': True}, w.requester_key, account_id=account_id)
+
+    def ok(self, w, s, answer, caller):
+        assert answer.json == {'account': {'id': s.account_id, 'name': 'requester', 'role': 'member',
+                                           'x402Exempt': True}}
+        assert w.db.value('SELECT x402_exempt FROM accounts WHERE id = :id', {'id': s.account_id}) == 1
+
+    def unchanged(self, w, s):
+        assert w.db.value('SELECT x402_exempt FROM accounts WHERE id = :id', {'id': s.account_id}) == 0
+
+
 # Agents and webhooks
 
 @row('POST', '/api/agents')
@@ -837,7 +858,8 @@ def x402_client(tmp_path):
     settings = mp.Settings(db=str(tmp_path / 'x402.db'), rate_limits='off', admin_key=ADMIN_KEY,
                            public_url='http://market.test', allow_private_webhooks=True,
                            rpc_url=f'http://127.0.0.1:{free_port()}', escrow_key='0x' + '11' * 32,
-                           x402_price=mp.parse_prices('GET /api/jobs/match=0.01'))
+                           x402_price=mp.parse_prices('GET /api/jobs/match=0.01'),
+                           x402_pay_to='0x9965507D1a55bcC2695C58ba16FB37d819B0A4dc')
     app = mp.make_app(settings)
     yield Client(app)
     app.service.close()

@@ -1,10 +1,11 @@
 """x402 pay-per-call in the service (CONTRACT.md 7, README "Pay per call: x402"), in-process against anvil.
 
-Settings (--x402-price, MARKETPLACE_X402_PRICE, what refuses to start); the 402 of a priced call; API keys
-(free, payment not taken; unknown key 401); form-1 proofs of real USDC transfers on anvil: a good one pays for
-one call and is recorded, every refusal has its code and its `checks` entry (on the call and POST /api/x402),
-pending until deep enough, a failed call consumes nothing, and a transaction hash pays for one thing only
-(x402 call or job funding). GET/POST /api/x402, the OpenAPI document and the service card with x402 on.
+Settings (--x402-price, --x402-pay-to, MARKETPLACE_X402_PRICE, what refuses to start); the 402 of a priced call;
+who pays (every key but admin keys and exempt accounts; an unknown key 401); aliases priced alike; form-1 proofs
+of real USDC transfers on anvil: a good one pays for one call and is recorded, every refusal has its code and its
+`checks` entry (on the call and POST /api/x402), pending until deep enough, a failed call consumes nothing, a
+deposit to escrow never pays a call, and a transaction hash pays for one thing only (x402 call or job funding).
+GET/POST /api/x402, the OpenAPI document and the service card with x402 on.
 Form-2 authorizations and their settlement: test_x402_settle.py and test_x402_live.py.
 """
 
@@ -28,7 +29,8 @@ from test_openapi import Checker
 from test_x402_verifier import header_of, x_payment
 from verifier.x402 import PROOF_CHECKS
 
-ESCROW_KEY, PAY_TO = DEV_KEYS[1], DEV_ADDRESSES[1]     # the escrow wallet: x402's payTo
+ESCROW_KEY, ESCROW = DEV_KEYS[1], DEV_ADDRESSES[1]     # the escrow wallet: deposits, and the relayer of settlements
+PAY_TO = '0x9965507D1a55bcC2695C58ba16FB37d819B0A4dc'   # --x402-pay-to, x402's payTo (anvil's sixth dev account)
 PAYER_KEY, PAYER = DEV_KEYS[2], DEV_ADDRESSES[2]
 OTHER_KEY, OTHER = DEV_KEYS[3], DEV_ADDRESSES[3]
 SOMEONE = DEV_ADDRESSES[4]
@@ -54,7 +56,7 @@ def started(tmp_path, usdc, anvil):
     def start(**overrides):
         values = dict(db=str(tmp_path / f'x{len(apps)}.db'), rate_limits='off', admin_key=ADMIN_KEY,
                       public_url=BASE, rpc_url=anvil.url, escrow_key=ESCROW_KEY, confirmations=1,
-                      x402_price=mp.parse_prices('GET /api/jobs/match=0.01'))
+                      x402_price=mp.parse_prices('GET /api/jobs/match=0.01'), x402_pay_to=PAY_TO)
         values.update(overrides)
         apps.append(mp.make_app(mp.Settings(**values)))
         return Client(apps[-1])
@@ -181,7 +183,37 @@ def test_x402_works_on_base_and_base_sepolia_only():
         mp.X402(settings)
 
 
-# The 402, and API keys --------------------------------------------------------
+def x402_settings(tmp_path, **overrides):
+    values = dict(db=str(tmp_path / 'x.db'), rpc_url='http://127.0.0.1:9', escrow_key=ESCROW_KEY,
+                  x402_price=mp.parse_prices('GET /api/jobs/match=0.01'), x402_pay_to=PAY_TO)
+    return mp.Settings(**dict(values, **overrides))
+
+
+@pytest.mark.parametrize('pay_to, message', [
+    ('', '^--x402-price needs --x402-pay-to: the address x402 payments go to'),
+    ('0x1234', "^--x402-pay-to '0x1234' must be 0x followed by 40 hexadecimal digits$"),
+    (PAY_TO.replace('a', 'A', 1), 'has an invalid EIP-55 checksum'),
+    ('0x' + '0' * 40, '^--x402-pay-to is the zero address'),
+    (ESCROW, f'^--x402-pay-to is the escrow address {ESCROW}: x402 payments must go elsewhere'),
+    (ESCROW.lower(), f'^--x402-pay-to is the escrow address {ESCROW}'),
+])
+def test_x402_pay_to_is_required_an_address_and_never_the_escrow_address(tmp_path, pay_to, message):
+    with pytest.raises(ValueError, match=message):
+        mp.make_app(x402_settings(tmp_path, x402_pay_to=pay_to))
+
+
+def test_the_command_line_refuses_a_missing_or_escrow_pay_to_in_one_line(tmp_path):
+    from test_cli import cli
+    for extra, message in (((), '--x402-price needs --x402-pay-to'),
+                           (('--x402-pay-to', ESCROW), '--x402-pay-to is the escrow address')):
+        done = cli(tmp_path / 'c.db', 'serve', '--rpc-url', 'http://127.0.0.1:9', '--x402-price',
+                   'GET /api/jobs/match=0.01', *extra, env={'MARKETPLACE_ESCROW_KEY': ESCROW_KEY})
+        assert done.returncode == 2, done.stderr
+        [line] = [line for line in done.stderr.splitlines() if 'error:' in line]
+        assert message in line and 'Traceback' not in done.stderr, done.stderr
+
+
+# The 402, and who pays --------------------------------------------------------
 
 def test_a_priced_call_without_key_or_payment_gets_the_x402_402(client):
     answer = client.get(MATCH + '?categories=code&limit=5')
@@ -201,19 +233,100 @@ def test_unpriced_endpoints_answer_as_before(client):
     assert client.get('/api/health').json['payments'] == 'onchain'
 
 
-def test_a_valid_key_calls_free_and_its_payment_is_not_taken(client, anvil):
-    _, key = make_account(client, 'member')
-    answer = client.get(MATCH + '?categories=code', key=key)
-    assert (answer.status, answer.json, header(answer, 'X-PAYMENT-RESPONSE')) == \
-        (200, {'matches': [], 'total': 0}, None)
-    payment = proof(pay(anvil))
-    answer = paid(client, payment, key=key)
-    assert (answer.status, header(answer, 'X-PAYMENT-RESPONSE')) == (200, None), answer
+def test_a_member_key_pays_too_and_its_paid_call_acts_as_its_account(client, anvil):
+    account, key = make_account(client, 'member')      # open registration: a key costs nothing
+    unpaid = client.get(MATCH + '?categories=code', key=key)
+    body = assert_error(unpaid, 402, 'payment_required')
+    assert (body['x402Version'], body['accepts']) == (1, [REQUIREMENTS])
+    assert 'exempt' in body['error'] and header(unpaid, 'X-PAYMENT-RESPONSE') is None
     assert_nothing_taken(client)
-    assert checked(client, payment).json['valid'] is True
-    answer = paid(client, payment)          # the proof still pays a call without a key
-    assert answer.status == 200, answer
-    assert payment_response(answer)['success'] is True
+
+    tx_hash = pay(anvil)
+    answer = paid(client, proof(tx_hash), MATCH + '?categories=code', key=key)
+    assert (answer.status, answer.json) == (200, {'matches': [], 'total': 0}), answer
+    assert payment_response(answer) == {'success': True, 'transaction': tx_hash, 'network': 'base', 'payer': PAYER}
+    [row] = db_of(client).rows('SELECT form, payer, tx_hash, account_id, endpoint FROM x402_payments')
+    assert row == {'form': 'proof', 'payer': PAYER, 'tx_hash': tx_hash, 'account_id': account['id'],
+                   'endpoint': 'GET /api/jobs/match'}
+    assert count(client, 'wallet_accounts') == 0
+    assert_error(paid(client, proof(tx_hash), key=key), 402, 'payment_replayed')
+
+
+def test_a_proof_with_a_key_pays_a_call_that_acts_as_the_keys_account(started, anvil):
+    """Without a key a proof cannot pay a call that needs an account (it shows no sender); with one, the key says
+    who acts, and the proof only pays."""
+    client = started(x402_price=mp.parse_prices('POST /api/agents=0.01'))
+    account, key = make_account(client, 'member')
+    body = {'name': 'paid agent', 'walletAddress': OTHER, 'capabilities': {'categories': ['code']}}
+    assert_error(client.post('/api/agents', body, key=key), 402, 'payment_required')
+    answer = client.post('/api/agents', body, key=key, headers={'X-PAYMENT': proof(pay(anvil))})
+    assert answer.status == 201, answer
+    assert answer.json['agent']['accountId'] == account['id']
+    assert db_of(client).value('SELECT account_id FROM x402_payments') == account['id']
+
+
+def test_admin_keys_and_exempt_accounts_call_free_and_take_no_payment(client, anvil):
+    payment = proof(pay(anvil))
+    answer = paid(client, payment, key=ADMIN_KEY)
+    assert (answer.status, answer.json, header(answer, 'X-PAYMENT-RESPONSE')) == \
+        (200, {'matches': [], 'total': 0}, None), answer
+
+    account, key = make_account(client, 'partner')
+    assert_error(client.get(MATCH, key=key), 402, 'payment_required')
+    marked = client.patch(f'/api/accounts/{account["id"]}', {'x402Exempt': True}, key=ADMIN_KEY)
+    assert (marked.status, marked.json) == (200, {'account': {'id': account['id'], 'name': 'partner',
+                                                              'role': 'member', 'x402Exempt': True}}), marked
+    assert mp.account_for_key(db_of(client), key)['x402_exempt'] == 1
+    for headers in (None, {'X-PAYMENT': payment}):
+        answer = client.get(MATCH, key=key, headers=headers)
+        assert (answer.status, header(answer, 'X-PAYMENT-RESPONSE')) == (200, None), answer
+    assert_nothing_taken(client)
+    assert checked(client, payment).json['valid'] is True      # the payment is still unused
+
+    unmarked = client.patch(f'/api/accounts/{account["id"]}', {'x402Exempt': False}, key=ADMIN_KEY)
+    assert unmarked.json['account']['x402Exempt'] is False
+    assert_error(client.get(MATCH, key=key), 402, 'payment_required')
+
+
+def test_only_an_admin_marks_an_account_exempt(client):
+    account, key = make_account(client, 'member')
+    _, stranger = make_account(client, 'stranger')
+    path = f'/api/accounts/{account["id"]}'
+    for caller in (key, stranger):          # not even the account itself
+        assert_error(client.patch(path, {'x402Exempt': True}, key=caller), 403, 'forbidden')
+    assert_error(client.patch(path, {'x402Exempt': True}), 401, 'unauthorized')
+    assert_error(client.patch('/api/accounts/3f2504e0-4f89-11d3-9a0c-0305e82c3301', {'x402Exempt': True},
+                              key=ADMIN_KEY), 404, 'not_found')
+    assert_error(client.patch(path, {'x402Exempt': 'yes'}, key=ADMIN_KEY), 400, 'validation_failed',
+                 fields=['x402Exempt'])
+    assert_error(client.patch(path, {}, key=ADMIN_KEY), 400, 'validation_failed', fields=['x402Exempt'])
+    assert db_of(client).value('SELECT x402_exempt FROM accounts WHERE id = :id', {'id': account['id']}) == 0
+    assert_error(client.get(MATCH, key=key), 402, 'payment_required')
+
+
+def test_every_alias_of_a_priced_operation_is_priced(started):
+    """deliver and submit share a handler, as the two agent-card paths do: a price names the operation."""
+    client = started(x402_price=mp.parse_prices('POST /api/jobs/:id/submit=0.5; GET /.well-known/agent-card.json=0.01'))
+    _, key = make_account(client, 'worker')
+    job = '/api/jobs/3f2504e0-4f89-11d3-9a0c-0305e82c3301'
+    for method, path, price in (('POST', job + '/deliver', '500000'), ('POST', job + '/submit', '500000'),
+                                ('GET', '/.well-known/agent.json', '10000'),
+                                ('GET', '/.well-known/agent-card.json', '10000')):
+        for caller in (None, key):
+            body = assert_error(client.request(method, path, {}, key=caller), 402, 'payment_required')
+            assert body['accepts'][0]['maxAmountRequired'] == price and \
+                body['accepts'][0]['resource'] == BASE + path, (method, path)
+    assert client.post(job + '/deliver', {}, key=ADMIN_KEY).status == 400       # the admin is let through
+    listed = {(e['method'], e['path']): e['price'] for e in client.get('/api/x402').json['endpoints']}
+    assert listed == {('POST', '/api/jobs/{job_id}/submit'): '0.5', ('POST', '/api/jobs/{job_id}/deliver'): '0.5',
+                      ('GET', '/.well-known/agent-card.json'): '0.01', ('GET', '/.well-known/agent.json'): '0.01'}
+    paths = client.get('/api/openapi.json').json['paths']
+    for path, method in (('/api/jobs/{job_id}/deliver', 'post'), ('/api/jobs/{job_id}/submit', 'post'),
+                         ('/.well-known/agent.json', 'get'), ('/.well-known/agent-card.json', 'get')):
+        assert 'Priced for x402' in paths[path][method]['description'] and '402' in paths[path][method]['responses']
+    assert mp.parse_prices('POST /api/jobs/:id/deliver=1; POST /api/jobs/:id/submit=2') == (
+        mp.Price('POST', '/api/jobs/<job_id>/deliver', 2_000_000),
+        mp.Price('POST', '/api/jobs/<job_id>/submit', 2_000_000))     # the later entry prices the operation
 
 
 def test_an_unknown_key_is_401_with_or_without_a_payment(client, anvil):
@@ -403,22 +516,31 @@ def test_a_call_that_fails_consumes_nothing(client, anvil):
 
 # A transaction hash pays for one thing only -------------------------------------
 
-def escrow_of(client):
-    """The escrow address, where jobs are funded (whatever x402's payTo is)."""
-    return client.app.service.settings.onchain.escrow_address
+def test_a_deposit_to_escrow_never_pays_a_call_and_stays_unused(client, anvil):
+    tx_hash = pay(anvil, to=ESCROW)         # a USDC transfer to the escrow wallet: how jobs are funded
+    for claimed in (PAY_TO, ESCROW):        # whichever recipient it claims, the chain shows the escrow address
+        payment = proof(tx_hash, to=claimed)
+        answer = paid(client, payment)
+        body = assert_error(answer, 402, 'payment_wrong_recipient')
+        failed = [name for name, passed in body['checks'].items() if not passed]
+        assert failed == ['recipient', 'payer', 'amount'], claimed     # what follows recipient is not checked
+        assert body['accepts'][0]['payTo'] == PAY_TO and header(answer, 'X-PAYMENT-RESPONSE') is None
+        assert checked(client, payment).json['code'] == 'payment_wrong_recipient'
+    assert_nothing_taken(client)            # unused: it can still fund its owner's job
 
 
 def test_a_hash_that_funded_a_job_cannot_pay_a_call(client, anvil):
     account, key = make_account(client, 'requester')
-    tx_hash = pay(anvil, 25_000_000)
-    signature = sign_funding(PAYER_KEY, account['id'], tx_hash, escrow_of(client))
+    tx_hash = pay(anvil, 25_000_000, to=ESCROW)
+    signature = sign_funding(PAYER_KEY, account['id'], tx_hash, ESCROW)
     funded = client.post('/api/jobs', dict(job_body(), escrowTxHash=tx_hash, escrowSignature=signature), key=key)
     assert funded.status == 201, funded
     assert (funded.json['job']['paymentRail'], funded.json['job']['escrowTxHash']) == ('base', tx_hash)
     payment = proof(tx_hash, amount='25')
-    body = assert_error(paid(client, payment), 402, 'payment_replayed')
-    assert body['checks'] == dict(ALL_PASS, notReplayed=False)
-    assert checked(client, payment).json['code'] == 'payment_replayed'
+    body = assert_error(paid(client, payment), 402, 'payment_wrong_recipient')
+    assert [name for name, passed in body['checks'].items() if not passed] == \
+        ['recipient', 'payer', 'amount', 'notReplayed']
+    assert checked(client, payment).json['code'] == 'payment_wrong_recipient'
     assert count(client, 'x402_payments') == 0
     assert db_of(client).value('SELECT purpose FROM used_payments') == 'escrow'
 
@@ -427,7 +549,7 @@ def test_an_x402_proof_cannot_fund_a_job(client, anvil):
     tx_hash = pay(anvil, 25_000_000)
     assert paid(client, proof(tx_hash, amount='25')).status == 200
     account, key = make_account(client, 'requester')
-    signature = sign_funding(PAYER_KEY, account['id'], tx_hash, escrow_of(client))      # the payer's own: still refused
+    signature = sign_funding(PAYER_KEY, account['id'], tx_hash, ESCROW)      # the payer's own: still refused
     assert_error(client.post('/api/jobs', dict(job_body(), escrowTxHash=tx_hash, escrowSignature=signature), key=key),
                  409, 'payment_replayed')
     assert count(client, 'jobs') == 0

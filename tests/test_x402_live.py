@@ -4,7 +4,8 @@ own python and sh blocks, and by form-1 proofs of real transfers; concurrent pay
 settings through the environment and the command line; and a crash between storing a settlement and sending it
 (the JSON-RPC proxy of test_onchain.py holding eth_sendRawTransaction).
 
-The escrow wallet (payTo, and the relayer of settlements) is DEV_ADDRESSES[1]; payers are DEV_KEYS[2..]. Every
+The escrow wallet (the relayer of settlements, paying their gas) is DEV_ADDRESSES[1]; the USDC goes to the x402
+address (--x402-pay-to, test_x402.PAY_TO); payers are DEV_KEYS[2..]. Every
 test uses the `usdc` fixture, so the chain is put back as it was after it. Only 127.0.0.1.
 """
 
@@ -21,8 +22,9 @@ import time
 import requests
 
 from chain import DEV_ADDRESSES, DEV_KEYS, USDC, Account, sign_authorization  # web3/eth-account only through chain.py
-from conftest import ROOT, LiveServer
+from conftest import ADMIN_KEY, ROOT, LiveServer
 from test_onchain import RPCProxy, nonce_of, running
+from test_x402 import PAY_TO     # --x402-pay-to: where the USDC goes
 from test_x402_verifier import header_of, x_payment
 
 _RECURSION_LIMIT = sys.getrecursionlimit()     # importing x402 may raise it (see chain.py): put it back
@@ -32,7 +34,7 @@ from x402.mechanisms.evm.exact.register import register_exact_evm_client  # noqa
 sys.setrecursionlimit(_RECURSION_LIMIT)
 
 TIMEOUT = 20                # seconds for any one HTTP call: only to avoid hanging, never asserted
-ESCROW_KEY, ESCROW = DEV_KEYS[1], DEV_ADDRESSES[1]
+ESCROW_KEY, ESCROW = DEV_KEYS[1], DEV_ADDRESSES[1]     # relays the settlements and pays their gas
 PRICE = 10_000              # 0.01 USDC in base units
 MATCH = '/api/jobs/match?categories=code'
 README = (ROOT / 'README.md').read_text()
@@ -45,7 +47,7 @@ MATCH_PRICE = ('--x402-price', 'GET /api/jobs/match=0.01')
 def x402_args(rpc_url, *extra, price=MATCH_PRICE):
     # --allow-simulated-rails: open_code_job posts a USD job (simulated) beside real USDC
     return ['--rpc-url', rpc_url, '--chain-id', '8453', '--confirmations', '1', '--rate-limits', 'off',
-            '--allow-simulated-rails', *price, *extra]
+            '--allow-simulated-rails', '--x402-pay-to', PAY_TO, *price, *extra]
 
 
 def serving(db, rpc_url, *extra, price=MATCH_PRICE, env=None):
@@ -65,7 +67,7 @@ def balances(anvil, *addresses):
 
 
 def open_code_job(server):
-    """A USD job in category code (no chain needed) and the match answer a key holder gets, free."""
+    """A USD job in category code (no chain needed) and the match answer the admin gets, free."""
     account = requests.post(server.url + '/api/accounts', json={'name': 'requester'}, timeout=TIMEOUT)
     assert account.status_code == 201, account.text
     key = account.json()['apiKey']
@@ -74,7 +76,7 @@ def open_code_job(server):
                               'category': 'code', 'paymentAmount': '25.00', 'paymentCurrency': 'USD',
                               'deadline': '2099-01-01T00:00:00Z'})
     assert job.status_code == 201, job.text
-    free = requests.get(server.url + MATCH, headers={'Authorization': f'Bearer {key}'}, timeout=TIMEOUT)
+    free = requests.get(server.url + MATCH, headers={'Authorization': f'Bearer {ADMIN_KEY}'}, timeout=TIMEOUT)
     assert free.status_code == 200, free.text
     assert 'X-PAYMENT-RESPONSE' not in free.headers
     assert free.json()['total'] == 1 and free.json()['matches'][0]['id'] == job.json()['job']['id'], free.text
@@ -109,7 +111,7 @@ def assert_x402_refused(answer, code, status=402):
     assert isinstance(body['error'], str) and body['error'].strip(), body
     [accepts] = body['accepts']
     assert (accepts['payTo'], accepts['asset'], accepts['maxAmountRequired'], accepts['network']) == \
-        (ESCROW, USDC, str(PRICE), 'base'), accepts
+        (PAY_TO, USDC, str(PRICE), 'base'), accepts
     return body
 
 
@@ -118,13 +120,14 @@ def proof_header(anvil, tx_hash, payer):
     timestamp = anvil.w3.eth.get_block(anvil.receipt(tx_hash)['blockNumber'])['timestamp']
     text = ('{"x402Version":1,"scheme":"exact","network":"base","payload":{"txHash":"%s",\n"from":"%s",'
             '"amount":"0.01","to":"%s","chainId":8453,\n"tokenAddress":"%s","timestamp":%d}}'
-            % (tx_hash, payer, ESCROW, USDC, timestamp))
+            % (tx_hash, payer, PAY_TO, USDC, timestamp))
     return base64.b64encode(text.encode()).decode()
 
 
-def authorization_header(key, value=PRICE):
-    """A form-2 X-PAYMENT: an EIP-3009 authorization of `value` to the escrow wallet, valid for an hour."""
-    return header_of(x_payment(sign_authorization(key, ESCROW, value, valid_after=int(time.time()) - 600)))
+def authorization_header(anvil, key, value=PRICE):
+    """A form-2 X-PAYMENT: an EIP-3009 authorization of `value` to the x402 address, valid for an hour on the
+    server's clock and the chain's alike (Anvil.window)."""
+    return header_of(x_payment(sign_authorization(key, PAY_TO, value, *anvil.window(ahead=3600))))
 
 
 def at_once(count, call):
@@ -209,11 +212,11 @@ def test_the_official_client_pays_and_a_replayed_header_is_refused(anvil, usdc, 
         [accepts] = unpaid['accepts']       # what the README shows the client is offered
         assert accepts == {'scheme': 'exact', 'network': 'base', 'maxAmountRequired': '10000',
                            'resource': server.url + '/api/jobs/match', 'description': accepts['description'],
-                           'mimeType': 'application/json', 'payTo': ESCROW, 'maxTimeoutSeconds': 60, 'asset': USDC,
+                           'mimeType': 'application/json', 'payTo': PAY_TO, 'maxTimeoutSeconds': 60, 'asset': USDC,
                            'extra': {'name': 'USD Coin', 'version': '2'}}
         assert accepts['description'].startswith('GET /api/jobs/match: '), accepts
         session = x402_session(payer_key)
-        before = balances(anvil, payer, ESCROW)
+        before = balances(anvil, payer, PAY_TO)
 
         answer = session.get(server.url + MATCH, timeout=TIMEOUT)
         assert answer.status_code == 200, answer.text
@@ -222,7 +225,7 @@ def test_the_official_client_pays_and_a_replayed_header_is_refused(anvil, usdc, 
         assert set(settled) == {'success', 'transaction', 'network', 'payer'}, settled
         assert (settled['success'], settled['network'], settled['payer']) == (True, 'base', payer), settled
         assert_settled_by_escrow(anvil, settled['transaction'])
-        assert balances(anvil, payer, ESCROW) == (before[0] - PRICE, before[1] + PRICE)
+        assert balances(anvil, payer, PAY_TO) == (before[0] - PRICE, before[1] + PRICE)
 
         sent = answer.request.headers['X-PAYMENT']      # what the client paid with (the adapter's retry)
         assert json.loads(base64.b64decode(sent))['payload']['authorization']['from'] == payer
@@ -230,7 +233,7 @@ def test_the_official_client_pays_and_a_replayed_header_is_refused(anvil, usdc, 
         replayed = assert_x402_refused(replay, 'payment_replayed')
         assert replayed['checks']['notReplayed'] is False, replayed
         assert 'X-PAYMENT-RESPONSE' not in replay.headers
-        assert balances(anvil, payer, ESCROW) == (before[0] - PRICE, before[1] + PRICE)
+        assert balances(anvil, payer, PAY_TO) == (before[0] - PRICE, before[1] + PRICE)
 
         again = session.get(server.url + MATCH, timeout=TIMEOUT)
         assert again.status_code == 200, again.text
@@ -239,7 +242,7 @@ def test_the_official_client_pays_and_a_replayed_header_is_refused(anvil, usdc, 
         assert (second['success'], second['payer']) == (True, payer), second
         assert second['transaction'] != settled['transaction']
         assert_settled_by_escrow(anvil, second['transaction'])
-        assert balances(anvil, payer, ESCROW) == (before[0] - 2 * PRICE, before[1] + 2 * PRICE)
+        assert balances(anvil, payer, PAY_TO) == (before[0] - 2 * PRICE, before[1] + 2 * PRICE)
         rows = x402_rows(server.db)
         assert [(r['form'], r['payer'], r['amount'], r['status'], r['tx_hash']) for r in rows] == \
             [('authorization', payer, PRICE, 'confirmed', settled['transaction']),
@@ -253,7 +256,7 @@ def test_the_readme_python_block_pays_with_the_official_client(anvil, usdc, tmp_
     payer_key, payer = funded(anvil, 3)
     with serving(tmp_path / 'm.db', anvil.url) as server:
         expected = open_code_job(server)
-        before = balances(anvil, payer, ESCROW)
+        before = balances(anvil, payer, PAY_TO)
         run = subprocess.run([PYTHON, '-c', script], capture_output=True, text=True, timeout=60, cwd=ROOT,
                              env=dict(os.environ, MARKET_URL=server.url, PAYER_KEY=payer_key))
         assert run.returncode == 0, run.stderr
@@ -262,7 +265,7 @@ def test_the_readme_python_block_pays_with_the_official_client(anvil, usdc, tmp_
         settled = json.loads(base64.b64decode(header, validate=True))
         assert (settled['success'], settled['network'], settled['payer']) == (True, 'base', payer), settled
         assert_settled_by_escrow(anvil, settled['transaction'])
-        assert balances(anvil, payer, ESCROW) == (before[0] - PRICE, before[1] + PRICE)
+        assert balances(anvil, payer, PAY_TO) == (before[0] - PRICE, before[1] + PRICE)
 
 
 def test_the_readme_form2_sh_block_pays_with_curl(anvil, usdc, tmp_path):
@@ -271,13 +274,13 @@ def test_the_readme_form2_sh_block_pays_with_curl(anvil, usdc, tmp_path):
     payer_key, payer = funded(anvil, 4)
     with serving(tmp_path / 'm.db', anvil.url) as server:
         expected = open_code_job(server)
-        before = balances(anvil, payer, ESCROW)
+        before = balances(anvil, payer, PAY_TO)
         run = subprocess.run(['bash', '-euo', 'pipefail', '-c', script.replace('http://127.0.0.1:8080', server.url)],
                              capture_output=True, text=True, timeout=60, cwd=ROOT,
-                             env=dict(os.environ, PAYER_KEY=payer_key, PAY_TO=ESCROW))
+                             env=dict(os.environ, PAYER_KEY=payer_key, PAY_TO=PAY_TO))
         assert run.returncode == 0, run.stderr
         assert json.loads(run.stdout) == expected
-        assert balances(anvil, payer, ESCROW) == (before[0] - PRICE, before[1] + PRICE)
+        assert balances(anvil, payer, PAY_TO) == (before[0] - PRICE, before[1] + PRICE)
         [row] = x402_rows(server.db)
         assert (row['form'], row['payer'], row['amount'], row['status']) == ('authorization', payer, PRICE, 'confirmed')
         assert_settled_by_escrow(anvil, row['tx_hash'])
@@ -287,9 +290,9 @@ def test_the_readme_form1_flow_a_proof_checks_pays_once(anvil, usdc, tmp_path):
     payer_key, payer = funded(anvil, 2)
     with serving(tmp_path / 'm.db', anvil.url) as server:
         expected = open_code_job(server)
-        tx_hash = anvil.transfer(payer_key, ESCROW, PRICE)
+        tx_hash = anvil.transfer(payer_key, PAY_TO, PRICE)
         header = proof_header(anvil, tx_hash, payer)
-        after_transfer = balances(anvil, payer, ESCROW)
+        after_transfer = balances(anvil, payer, PAY_TO)
 
         checked = requests.post(server.url + '/api/x402?endpoint=GET%20/api/jobs/match',
                                 headers={'X-PAYMENT': header}, timeout=TIMEOUT)
@@ -305,7 +308,7 @@ def test_the_readme_form1_flow_a_proof_checks_pays_once(anvil, usdc, tmp_path):
 
         replayed = assert_x402_refused(paid_get(server, header), 'payment_replayed')
         assert replayed['checks'] == dict(readme_proof_checks()['checks'], notReplayed=False), replayed
-        assert balances(anvil, payer, ESCROW) == after_transfer          # a proof moves nothing more
+        assert balances(anvil, payer, PAY_TO) == after_transfer          # a proof moves nothing more
         [row] = x402_rows(server.db)
         assert (row['form'], row['payer'], row['amount'], row['tx_hash'], row['status'], row['raw_tx']) == \
             ('proof', payer, PRICE, tx_hash, 'confirmed', None)
@@ -318,22 +321,42 @@ def test_one_payment_sent_by_many_threads_at_once_pays_for_one_call(anvil, usdc,
     auth_key, auth_payer = funded(anvil, 3)
     with serving(tmp_path / 'm.db', anvil.url) as server:
         open_code_job(server)
-        proof = proof_header(anvil, anvil.transfer(proof_key, ESCROW, PRICE), proof_payer)
+        proof = proof_header(anvil, anvil.transfer(proof_key, PAY_TO, PRICE), proof_payer)
         answers = at_once(8, lambda: paid_get(server, proof))
         assert outcomes(answers) == [(200, None)] + [(402, 'payment_replayed')] * 7
         for answer in answers:
             if answer.status_code == 402:
                 assert_x402_refused(answer, 'payment_replayed')
 
-        before, escrow_nonce = balances(anvil, auth_payer, ESCROW), nonce_of(anvil, ESCROW)
-        authorization = authorization_header(auth_key)
+        before, escrow_nonce = balances(anvil, auth_payer, PAY_TO), nonce_of(anvil, ESCROW)
+        authorization = authorization_header(anvil, auth_key)
         answers = at_once(4, lambda: paid_get(server, authorization))
         assert outcomes(answers) == [(200, None)] + [(402, 'payment_replayed')] * 3
-        assert balances(anvil, auth_payer, ESCROW) == (before[0] - PRICE, before[1] + PRICE)
+        assert balances(anvil, auth_payer, PAY_TO) == (before[0] - PRICE, before[1] + PRICE)
         assert nonce_of(anvil, ESCROW) == escrow_nonce + 1       # one settlement sent, no gap, no second one
         rows = x402_rows(server.db)
         assert sorted((r['form'], r['payer'], r['status'], r['granted_at'] is not None) for r in rows) == \
             [('authorization', auth_payer, 'confirmed', True), ('proof', proof_payer, 'confirmed', True)]
+
+
+def test_six_authorizations_of_a_payer_whose_balance_covers_one_settle_once(anvil, usdc, tmp_path):
+    """Six different authorizations from one payer at once, each for the whole balance: the greenlets interleave at
+    every call to the node, so all may read the same balance; the transaction that reserves each counts what the
+    others reserved, and exactly one settlement is signed and sent."""
+    payer_key, payer = funded(anvil, 2, PRICE)
+    with serving(tmp_path / 'm.db', anvil.url) as server:
+        open_code_job(server)
+        headers = [authorization_header(anvil, payer_key) for _ in range(6)]
+        before, escrow_nonce = balances(anvil, payer, PAY_TO), nonce_of(anvil, ESCROW)
+        answers = at_once(6, lambda: paid_get(server, headers.pop()))
+        assert outcomes(answers) == [(200, None)] + [(402, 'payment_insufficient')] * 5
+        for answer in answers:
+            if answer.status_code == 402:
+                assert assert_x402_refused(answer, 'payment_insufficient')['checks']['balance'] is False
+        assert nonce_of(anvil, ESCROW) == escrow_nonce + 1       # one settlement: no gas spent on a reverted one
+        assert balances(anvil, payer, PAY_TO) == (before[0] - PRICE, before[1] + PRICE) == (0, before[1] + PRICE)
+        [row] = x402_rows(server.db)
+        assert (row['payer'], row['status'], row['granted_at'] is not None) == (payer, 'confirmed', True), row
 
 
 # 4. Settings: the environment and the command line -----------------------------------------
@@ -345,7 +368,7 @@ def test_prices_from_the_environment_are_listed(anvil, usdc, tmp_path):
         assert listed.status_code == 200, listed.text
         body = listed.json()
         assert (body['enabled'], body['network'], body['chainId'], body['asset'], body['payTo'], body['settlement']) \
-            == (True, 'base', 8453, USDC, ESCROW, 'relayer')
+            == (True, 'base', 8453, USDC, PAY_TO, 'relayer')
         assert [(e['method'], e['path'], e['price'], e['currency'], e['maxAmountRequired'])
                 for e in body['endpoints']] == [('GET', '/api/jobs/match', '0.01', 'USDC', '10000'),
                                                 ('GET', '/api/agents/match', '0.02', 'USDC', '20000')]
@@ -362,6 +385,9 @@ def test_a_bad_price_refuses_to_start_with_a_message(anvil, tmp_path):
          "MARKETPLACE_X402_PRICE: 'GET /api/nope=1': the service has no endpoint GET /api/nope"),
         (onchain + ['--x402-price', 'GET /api/jobs/match=0'], None, "--x402-price: 'GET /api/jobs/match=0': expected"),
         (['--x402-price', 'GET /api/jobs/match=0.01'], None, '--x402-price needs --rpc-url'),
+        (onchain + ['--x402-price', 'GET /api/jobs/match=0.01'], None, '--x402-price needs --x402-pay-to'),
+        (onchain + ['--x402-price', 'GET /api/jobs/match=0.01', '--x402-pay-to', ESCROW], None,
+         f'--x402-pay-to is the escrow address {ESCROW}'),
     ]
     for args, env, message in cases:
         code, output, seconds = refused_start(tmp_path, args, env)
@@ -376,12 +402,12 @@ def test_a_bad_price_refuses_to_start_with_a_message(anvil, tmp_path):
 def test_a_crash_before_the_settlement_is_sent_pays_once_and_answers_the_call(anvil, usdc, tmp_path):
     payer_key, payer = funded(anvil, 2)
     db = tmp_path / 'm.db'
-    header = authorization_header(payer_key)
+    header = authorization_header(anvil, payer_key)
     proxy = RPCProxy(anvil.url)
     try:
         with serving(db, proxy.url, '--sweep-interval', '600') as server:
             expected, first_url = open_code_job(server), server.url
-            before, escrow_nonce = balances(anvil, payer, ESCROW), nonce_of(anvil, ESCROW)
+            before, escrow_nonce = balances(anvil, payer, PAY_TO), nonce_of(anvil, ESCROW)
             proxy.holding = True
             call = threading.Thread(target=unanswered, args=(server, header), daemon=True)
             call.start()
@@ -394,12 +420,12 @@ def test_a_crash_before_the_settlement_is_sent_pays_once_and_answers_the_call(an
         call.join(TIMEOUT)
         proxy.holding = False
         held['release'].set()                            # the held request ends without an answer
-        assert balances(anvil, payer, ESCROW) == before  # nothing reached the node
+        assert balances(anvil, payer, PAY_TO) == before  # nothing reached the node
         assert proxy.sent == []
 
         with serving(db, proxy.url, '--sweep-interval', '0.5') as server:
             wait_until(lambda: x402_rows(db)[0]['status'] == 'confirmed', message='the sweeps settle it')
-            assert balances(anvil, payer, ESCROW) == (before[0] - PRICE, before[1] + PRICE)
+            assert balances(anvil, payer, PAY_TO) == (before[0] - PRICE, before[1] + PRICE)
             assert {raw for raw, _ in proxy.sent} == {held['raw']}     # the stored transaction, and only it
             assert proxy.sent[0][1].get('result') == row['tx_hash'], proxy.sent
 
@@ -411,7 +437,7 @@ def test_a_crash_before_the_settlement_is_sent_pays_once_and_answers_the_call(an
             assert_x402_refused(paid_get(server, header), 'payment_replayed')
 
             time.sleep(1.1)                              # two sweeps more: nothing is sent again
-            assert balances(anvil, payer, ESCROW) == (before[0] - PRICE, before[1] + PRICE)
+            assert balances(anvil, payer, PAY_TO) == (before[0] - PRICE, before[1] + PRICE)
             assert nonce_of(anvil, ESCROW) == escrow_nonce + 1
             [row] = x402_rows(db)
             assert (row['status'], row['granted_at'] is not None) == ('confirmed', True), row

@@ -1,7 +1,8 @@
 """x402 form 2 settled (CONTRACT.md 7, README "Pay per call: x402"): an EIP-3009 authorization pays a priced call,
 in-process against a real local EVM (anvil, tests/chain.py) with TestUSDC at the Base USDC address.
 
-The escrow wallet (DEV_ADDRESSES[1], payTo) relays each settlement and pays its gas; settlements share its nonces
+The escrow wallet (DEV_ADDRESSES[1]) relays each settlement and pays its gas, while the USDC goes to the x402
+address (--x402-pay-to, test_x402.PAY_TO); settlements share its nonces
 with the jobs' payouts (chain_state 'next_nonce'), are sent in nonce order and confirmed by the sweeps. A slow
 settlement answers 503 and the same X-PAYMENT is answered once it is mined; a reverted one is refused. Every
 refusal happens before anything is sent. A paid call without a key acts as the payer wallet's account. Last, the
@@ -13,6 +14,7 @@ ledger must balance when the test ends.
 
 import json
 import re
+import time
 from datetime import timedelta
 from urllib.parse import quote
 
@@ -26,12 +28,12 @@ from chain import DEV_ADDRESSES, DEV_KEYS, USDC, Account, sign_authorization, si
 import marketplace as mp
 from conftest import ADMIN_KEY, Client, assert_error, job_body, make_account
 from test_cards import header
-from test_x402 import payment_response
+from test_x402 import PAY_TO, payment_response      # PAY_TO: --x402-pay-to, where the USDC goes
 from test_x402_verifier import header_of, x_payment
 from verifier.errors import ChainUnavailable
 from verifier.x402 import AUTHORIZATION_CHECKS, ON_CHAIN_ONLY
 
-ESCROW_KEY, ESCROW = DEV_KEYS[1], DEV_ADDRESSES[1]      # payTo: relays the settlements and pays their gas
+ESCROW_KEY, ESCROW = DEV_KEYS[1], DEV_ADDRESSES[1]      # relays the settlements and pays their gas
 PAYER_KEY, PAYER = DEV_KEYS[2], DEV_ADDRESSES[2]
 OTHER_KEY, OTHER = DEV_KEYS[3], DEV_ADDRESSES[3]        # a second payer; also funds on-chain jobs
 SOMEONE = DEV_ADDRESSES[4]
@@ -52,7 +54,7 @@ def start(tmp_path, anvil, usdc):
     def start_app(**overrides):
         values = dict(db=str(tmp_path / f'x402-{len(apps)}.db'), rate_limits='off', admin_key=ADMIN_KEY,
                       public_url='http://market.test', rpc_url=anvil.url, escrow_key=ESCROW_KEY, confirmations=1,
-                      x402_price=mp.parse_prices('GET /api/jobs/match=0.01; POST /api/jobs=0.05'),
+                      x402_price=mp.parse_prices('GET /api/jobs/match=0.01; POST /api/jobs=0.05'), x402_pay_to=PAY_TO,
                       allow_simulated_rails=True)       # paid posts make USD jobs, simulated beside real USDC
         values.update(overrides)
         app = mp.make_app(mp.Settings(**values))
@@ -78,12 +80,29 @@ def slow(monkeypatch):
     monkeypatch.setattr(mp, 'SETTLEMENT_WAIT', SLOW)
 
 
-def authorization(anvil, key=PAYER_KEY, to=ESCROW, value=MATCH_PRICE, valid_after=None, valid_before=None,
+def authorization(anvil, key=PAYER_KEY, to=PAY_TO, value=MATCH_PRICE, valid_after=None, valid_before=None,
                   nonce=None):
-    """A form-2 X-PAYMENT object as an x402 client sends it, valid from ten minutes before anvil's clock."""
-    now = anvil.timestamp()
-    return x_payment(sign_authorization(key, to, value, now - 600 if valid_after is None else valid_after,
-                                        now + 300 if valid_before is None else valid_before, nonce))
+    """A form-2 X-PAYMENT object as an x402 client sends it, valid on the server's clock and the chain's alike
+    (Anvil.window) unless its window is given."""
+    earliest, latest = anvil.window()
+    return x_payment(sign_authorization(key, to, value, earliest if valid_after is None else valid_after,
+                                        latest if valid_before is None else valid_before, nonce))
+
+
+def expired(anvil):
+    """Expired by every clock: the server's, the newest block's."""
+    earliest, _ = anvil.window(0, 0)
+    return authorization(anvil, valid_after=earliest - 1200, valid_before=earliest - 60)
+
+
+def not_yet_valid(anvil):
+    latest = anvil.window(0, 0)[1]
+    return authorization(anvil, valid_after=latest + 600, valid_before=latest + 1200)
+
+
+def expiring(anvil):
+    """Valid now by the server's clock, but for less than the SETTLE_MARGIN (6 s) that settling may take."""
+    return authorization(anvil, valid_after=anvil.window()[0], valid_before=int(time.time()) + 3)
 
 
 def forged(anvil):
@@ -112,7 +131,7 @@ def failed_checks(checks):
 def refused(answer, code, check):
     """A 402 of a priced call whose first failed check is `check`; its body."""
     body = assert_error(answer, 402, code)
-    assert body['x402Version'] == 1 and body['accepts'][0]['payTo'] == ESCROW, body
+    assert body['x402Version'] == 1 and body['accepts'][0]['payTo'] == PAY_TO, body
     assert failed_checks(body['checks'])[0] == check, body
     return body
 
@@ -156,8 +175,20 @@ def escrow_nonce(anvil):
 def chain_view(anvil, app):
     """What a refused payment leaves as it was: blocks, the escrow wallet's nonce (node and database), balances."""
     return {'block': anvil.block_number(), 'escrowNonce': escrow_nonce(anvil), 'nextNonce': next_nonce(app),
-            'usdc': {address: anvil.balance(address) for address in (PAYER, OTHER, ESCROW)},
+            'usdc': {address: anvil.balance(address) for address in (PAYER, OTHER, ESCROW, PAY_TO)},
             'eth': {address: eth(anvil, address) for address in (PAYER, ESCROW)}}
+
+
+def exempt_requester(client):
+    """A requester an admin marked x402Exempt (its POST /api/jobs is not priced for it): (account, key)."""
+    account, key = make_account(client, 'requester')
+    answer = client.patch(f'/api/accounts/{account["id"]}', {'x402Exempt': True}, key=ADMIN_KEY)
+    assert answer.status == 200, answer
+    return account, key
+
+
+def exempt_key(client):
+    return exempt_requester(client)[1]
 
 
 def funded_job(anvil, client, account, key):
@@ -192,8 +223,8 @@ def send_ahead(anvil, key, to, amount):
 
 def test_an_authorization_pays_a_priced_get_settled_by_the_escrow_wallet(anvil, app, client):
     anvil.mint(PAYER, 1_000_000)
-    escrow_usdc, payer_eth, escrow_eth, nonce = anvil.balance(ESCROW), eth(anvil, PAYER), eth(anvil, ESCROW), \
-        escrow_nonce(anvil)
+    escrow_usdc, income, payer_eth, escrow_eth, nonce = anvil.balance(ESCROW), anvil.balance(PAY_TO), \
+        eth(anvil, PAYER), eth(anvil, ESCROW), escrow_nonce(anvil)
     assert next_nonce(app) == nonce
     payment = authorization(anvil)
 
@@ -207,7 +238,8 @@ def test_an_authorization_pays_a_priced_get_settled_by_the_escrow_wallet(anvil, 
 
     # On chain: exactly the price moved, in a transaction of the escrow wallet, which paid its gas.
     assert anvil.balance(PAYER) == 1_000_000 - MATCH_PRICE
-    assert anvil.balance(ESCROW) == escrow_usdc + MATCH_PRICE
+    assert anvil.balance(PAY_TO) == income + MATCH_PRICE       # to the x402 address, never to escrow
+    assert anvil.balance(ESCROW) == escrow_usdc
     transaction, receipt = anvil.w3.eth.get_transaction(tx_hash), anvil.receipt(tx_hash)
     assert (transaction['from'], transaction['to'], transaction['nonce']) == (ESCROW, USDC, nonce)
     assert receipt['status'] == 1
@@ -227,7 +259,7 @@ def test_an_authorization_pays_a_priced_get_settled_by_the_escrow_wallet(anvil, 
     assert used(app, tx_hash)['purpose'] == 'x402'
 
     # The settlement's hash cannot be shown again as a form-1 proof: every other check of it passes.
-    proof = x_payment({'txHash': tx_hash, 'from': PAYER, 'amount': '0.01', 'to': ESCROW, 'chainId': 8453,
+    proof = x_payment({'txHash': tx_hash, 'from': PAYER, 'amount': '0.01', 'to': PAY_TO, 'chainId': 8453,
                        'tokenAddress': USDC, 'timestamp': anvil.timestamp()})
     body = refused(pay(client, proof), 'payment_replayed', 'notReplayed')
     assert failed_checks(body['checks']) == ['notReplayed']
@@ -252,12 +284,9 @@ def settled_outside(anvil):
     (forged, 1_000_000, 'payment_signature_invalid', 'signature'),
     (lambda anvil: authorization(anvil, to=SOMEONE), 1_000_000, 'payment_wrong_recipient', 'recipient'),
     (lambda anvil: authorization(anvil, value=MATCH_PRICE - 1), 1_000_000, 'payment_insufficient', 'amount'),
-    (lambda anvil: authorization(anvil, valid_after=anvil.timestamp() - 1200, valid_before=anvil.timestamp() - 60),
-     1_000_000, 'payment_expired', 'fresh'),
-    (lambda anvil: authorization(anvil, valid_after=anvil.timestamp() + 600, valid_before=anvil.timestamp() + 1200),
-     1_000_000, 'payment_expired', 'fresh'),
-    (lambda anvil: authorization(anvil, valid_after=anvil.timestamp() - 600, valid_before=anvil.timestamp() + 3),
-     1_000_000, 'payment_expired', 'fresh'),         # valid for less than the SETTLE_MARGIN settling may take
+    (expired, 1_000_000, 'payment_expired', 'fresh'),
+    (not_yet_valid, 1_000_000, 'payment_expired', 'fresh'),
+    (expiring, 1_000_000, 'payment_expired', 'fresh'),
     (settled_outside, 1_000_000, 'payment_replayed', 'notReplayed'),
     (lambda anvil: authorization(anvil), MATCH_PRICE - 1, 'payment_insufficient', 'balance'),
 ], ids=['signature', 'recipient', 'amount', 'expired', 'not-yet-valid', 'expires-too-soon', 'used-on-chain',
@@ -280,10 +309,58 @@ def test_a_refused_authorization_sends_nothing(anvil, app, client, make, minted,
     assert db_of(app).value('SELECT count(*) FROM wallet_accounts') == 0
 
 
+def test_a_settlement_that_would_revert_is_refused_before_anything_is_signed(anvil, app, client, real_clock):
+    """The server's clock runs ahead of the chain's: by the server's the authorization is valid, in the block being
+    built not yet. The simulation (an eth_call from the escrow wallet) finds the revert; nothing is signed."""
+    anvil.mint(PAYER, 1_000_000)
+    latest = anvil.window(0, 0)[1]
+    payment = authorization(anvil, valid_after=latest + 3600, valid_before=latest + 7200)
+    real_clock.set(mp.now() + timedelta(minutes=90))
+    before = chain_view(anvil, app)
+
+    body = refused(pay(client, payment), 'payment_reverted', 'settles')
+    assert 'would revert on chain (TestUSDC: authorization is not yet valid)' in body['error'], body
+    assert list(body['checks']) == [*AUTHORIZATION_CHECKS, 'settles']
+    assert failed_checks(body['checks']) == ['settles']
+    checked = check_payment(client, payment)
+    assert (checked['valid'], checked['code'], checked['checks']) == (False, 'payment_reverted', body['checks'])
+
+    assert chain_view(anvil, app) == before         # no nonce taken, nothing sent, no gas paid
+    assert x402_rows(app) == []
+    assert db_of(app).value('SELECT count(*) FROM used_payments') == 0
+
+
+def test_pending_authorizations_of_a_payer_count_against_its_balance(anvil, app, client, slow):
+    anvil.mint(PAYER, MATCH_PRICE + MATCH_PRICE // 2)      # enough for one call and a half
+    anvil.automine(False)
+    first, second = authorization(anvil), authorization(anvil)
+    unavailable(pay(client, first))         # reserved, signed and sent; not mined, so not in the balance yet
+    before = chain_view(anvil, app)
+
+    body = refused(pay(client, second), 'payment_insufficient', 'balance')
+    assert failed_checks(body['checks']) == ['balance']
+    assert f'holds {MATCH_PRICE + MATCH_PRICE // 2} base units of USDC, {MATCH_PRICE} of them promised' in \
+        body['error'], body
+    checked = check_payment(client, second)
+    assert (checked['valid'], checked['code'], checked['checks']) == (False, 'payment_insufficient', body['checks'])
+    assert chain_view(anvil, app) == before
+    assert len(x402_rows(app)) == 1
+
+    anvil.mine()
+    assert pay(client, first).status == 200
+    refused(pay(client, second), 'payment_insufficient', 'balance')     # the chain shows it now: half a call left
+    anvil.automine(True)
+    anvil.mint(PAYER, MATCH_PRICE // 2)
+    answer = pay(client, second)
+    assert answer.status == 200, answer
+    assert [row['status'] for row in x402_rows(app)] == ['confirmed', 'confirmed']
+    assert anvil.balance(PAYER) == 0
+
+
 # The escrow wallet's nonces: settlements and payouts -----------------------------
 
 def test_a_settlement_after_a_payout_takes_the_next_nonce_and_both_confirm(anvil, app, client):
-    account, key = make_account(client, 'requester')
+    account, key = exempt_requester(client)
     job = funded_job(anvil, client, account, key)
     anvil.mint(PAYER, 1_000_000)
     first, other_usdc = escrow_nonce(anvil), anvil.balance(OTHER)
@@ -310,7 +387,7 @@ def test_a_settlement_after_a_payout_takes_the_next_nonce_and_both_confirm(anvil
 
 
 def test_a_settlement_the_node_did_not_take_is_sent_before_a_later_payout(anvil, app, client, slow, monkeypatch):
-    account, key = make_account(client, 'requester')
+    account, key = exempt_requester(client)
     job = funded_job(anvil, client, account, key)
     anvil.mint(PAYER, 1_000_000)
     first = escrow_nonce(anvil)
@@ -383,7 +460,7 @@ def test_a_settlement_the_node_lost_is_sent_again_by_the_sweep(anvil, app, clien
 
 def test_a_slow_settlement_is_answered_when_the_same_payment_comes_again(anvil, app, client, slow):
     anvil.mint(PAYER, 1_000_000)
-    escrow_usdc = anvil.balance(ESCROW)
+    income = anvil.balance(PAY_TO)
     anvil.automine(False)
     payment = authorization(anvil)
 
@@ -401,7 +478,7 @@ def test_a_slow_settlement_is_answered_when_the_same_payment_comes_again(anvil, 
                                         'payer': PAYER}
     assert (only_row(app)['status'], bool(only_row(app)['granted_at'])) == ('confirmed', True)
     assert anvil.balance(PAYER) == 1_000_000 - MATCH_PRICE
-    assert anvil.balance(ESCROW) == escrow_usdc + MATCH_PRICE
+    assert anvil.balance(PAY_TO) == income + MATCH_PRICE
 
     before = chain_view(anvil, app)
     refused(pay(client, payment), 'payment_replayed', 'notReplayed')
@@ -412,7 +489,7 @@ def test_a_slow_settlement_is_answered_when_the_same_payment_comes_again(anvil, 
 
 def test_a_settlement_that_reverts_is_refused_when_the_payment_comes_again(anvil, app, client, slow):
     anvil.mint(PAYER, MATCH_PRICE)
-    escrow_usdc = anvil.balance(ESCROW)
+    income = anvil.balance(PAY_TO)
     anvil.automine(False)
     payment = authorization(anvil)
 
@@ -429,7 +506,7 @@ def test_a_settlement_that_reverts_is_refused_when_the_payment_comes_again(anvil
     assert (row['status'], row['granted_at']) == ('failed', None)
     assert anvil.balance(PAYER) == 0
     assert anvil.balance(SOMEONE) == MATCH_PRICE
-    assert anvil.balance(ESCROW) == escrow_usdc
+    assert anvil.balance(PAY_TO) == income
     assert db_of(app).value('SELECT count(*) FROM wallet_accounts') == 0
 
 
@@ -493,6 +570,41 @@ def test_a_paid_post_acts_as_the_payer_wallets_account(anvil, app, client):
         (OTHER, other_account['id'], 'POST /api/jobs')]
     assert anvil.balance(PAYER) == 1_000_000 - 2 * JOBS_PRICE
     assert anvil.balance(OTHER) == 1_000_000 - JOBS_PRICE
+
+
+def test_a_member_key_pays_and_its_paid_calls_act_as_its_account(anvil, app, client):
+    account, key = make_account(client, 'member')       # open registration: a key costs nothing
+    anvil.mint(PAYER, 1_000_000)
+    assert_error(client.get(MATCH, key=key), 402, 'payment_required')
+    assert_error(client.post('/api/jobs', stripe_job(), key=key), 402, 'payment_required')
+
+    answer = client.get(MATCH, key=key, headers={'X-PAYMENT': header_of(authorization(anvil))})
+    assert answer.status == 200, answer
+    posted = client.post('/api/jobs', stripe_job(), key=key,
+                         headers={'X-PAYMENT': header_of(authorization(anvil, value=JOBS_PRICE))})
+    assert posted.status == 201, posted
+    assert posted.json['job']['requesterId'] == account['id']
+    assert [(row['endpoint'], row['account_id'], row['status']) for row in x402_rows(app)] == [
+        ('GET /api/jobs/match', account['id'], 'confirmed'), ('POST /api/jobs', account['id'], 'confirmed')]
+    assert db_of(app).value('SELECT count(*) FROM wallet_accounts') == 0      # the key's account, not the wallet's
+    assert anvil.balance(PAYER) == 1_000_000 - MATCH_PRICE - JOBS_PRICE
+
+    for free in (ADMIN_KEY, exempt_key(client)):
+        assert client.get(MATCH, key=free).status == 200
+        assert client.post('/api/jobs', stripe_job(), key=free).status == 201
+    assert len(x402_rows(app)) == 2
+
+
+def test_an_x402_settlement_cannot_fund_a_job(anvil, app, client):
+    anvil.mint(PAYER, 1_000_000)
+    tx_hash = payment_response(pay(client, authorization(anvil)))['transaction']
+    assert anvil.receipt(tx_hash)['status'] == 1
+    posted = client.post('/api/jobs', dict(job_body(paymentAmount='0.01'), escrowTxHash=tx_hash),
+                         key=exempt_key(client))
+    # the hash paid for a call already (and sent the USDC to the x402 address, not to escrow)
+    assert_error(posted, 409, 'payment_replayed')
+    assert db_of(app).value('SELECT count(*) FROM jobs') == 0
+    assert used(app, tx_hash)['purpose'] == 'x402'
 
 
 def test_a_paid_post_with_an_invalid_body_does_not_consume_the_payment(anvil, app, client):
@@ -569,7 +681,7 @@ def test_a_facilitator_settles_an_authorization(anvil, app_f, client_f, facilita
     requirements = next(endpoint['accepts'][0] for endpoint in listing['endpoints']
                         if endpoint['path'] == '/api/jobs/match')
     assert (requirements['maxAmountRequired'], requirements['resource'], requirements['payTo']) == (
-        str(MATCH_PRICE), 'http://market.test/api/jobs/match', ESCROW)
+        str(MATCH_PRICE), 'http://market.test/api/jobs/match', PAY_TO)
     before = chain_view(anvil, app_f)
     payment = authorization(anvil)
 

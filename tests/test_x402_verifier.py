@@ -524,6 +524,33 @@ def test_authorization_used_with_the_node_down_is_chain_unavailable(node):
     assert len(node.calls) == 1
 
 
+def revert_answer(reason):
+    """A node's answer to an eth_call that reverts with Error(reason) (JSON-RPC error code 3, as geth and anvil)."""
+    data = '0x08c379a0' + format(32, '064x') + format(len(reason), '064x') + reason.encode().hex().ljust(64, '0')
+    return answering(json.dumps({'jsonrpc': '2.0', 'id': 0, 'error': {
+        'code': 3, 'message': f'execution reverted: {reason}', 'data': data}}))
+
+
+def test_revert_reason_runs_the_call_in_the_pending_block(node):
+    data = '0x' + 'ab' * 36
+    node.answers['eth_call'] = answering(json.dumps({'jsonrpc': '2.0', 'id': 0, 'result': '0x'}))
+    assert Chain(NODE_URL).revert_reason(RELAYER.lower(), USDC.lower(), data) is None
+    [params] = [params for method, params in node.calls if method == 'eth_call']
+    assert params == [{'from': RELAYER, 'to': USDC, 'data': data}, 'pending']
+    node.answers['eth_call'] = revert_answer('FiatTokenV2: authorization is expired')
+    assert Chain(NODE_URL).revert_reason(RELAYER, USDC, data) == 'FiatTokenV2: authorization is expired'
+
+
+def test_revert_reason_with_the_node_down_or_erring_is_chain_unavailable(node):
+    import requests
+    node.answers['eth_call'] = answering('{"jsonrpc": "2.0", "id": 0, "error": {"code": -32603, "message": "no"}}')
+    with pytest.raises(ChainUnavailable):
+        Chain(NODE_URL).revert_reason(RELAYER, USDC, '0x')
+    node.fail = requests.exceptions.ConnectionError('refused')
+    with pytest.raises(ChainUnavailable):
+        Chain(NODE_URL).revert_reason(RELAYER, USDC, '0x')
+
+
 def test_wait_for_receipt_polls_until_mined(node):
     receipt = make_receipt(tx_hash=tx_hash_of('settled'))
     original, asked = node.result, []
@@ -568,8 +595,9 @@ def test_an_authorization_settles_on_chain_once(anvil, usdc):
     pay_to = Account.create().address
     anvil.mint(PAYER, 3 * PRICE)
     payer_usdc, payer_eth = anvil.balance(PAYER), anvil.w3.eth.get_balance(PAYER)
-    now = anvil.timestamp()
-    signed = sign_authorization(PAYER_KEY, pay_to, PRICE, valid_after=now - 600, valid_before=now + 600)
+    valid_after, valid_before = anvil.window()      # valid on the wall clock (`now`) and the chain's alike
+    now = int(time.time())
+    signed = sign_authorization(PAYER_KEY, pay_to, PRICE, valid_after=valid_after, valid_before=valid_before)
     header = header_of(x_payment(signed))
 
     evaluation = evaluate(header, chain=node, pay_to=pay_to, now=now)        # every check, the node's too
@@ -611,7 +639,7 @@ def test_the_x402_clients_authorization_settles_on_chain(anvil, usdc):
     node = Chain(anvil.url)
     requirements = dict(REQUIREMENTS, payTo=Account.create().address)
     anvil.mint(PAYER, PRICE)
-    now = anvil.timestamp()
+    now = int(time.time())      # as the client signs: the wall clock, which the next block follows too
     payment = decode_payment_header(header_of(x402_client_payment(PAYER_KEY, requirements, now=now)))
     assert check(payment, token=requirements['asset'], pay_to=requirements['payTo'],
                  min_amount=int(requirements['maxAmountRequired']), now=now) == PAYER
@@ -623,15 +651,16 @@ def test_the_x402_clients_authorization_settles_on_chain(anvil, usdc):
 def test_an_authorization_for_another_token_chain_or_name_is_refused_before_anything_is_sent(anvil, usdc):
     node = Chain(anvil.url)
     anvil.mint(PAYER, PRICE)
-    now, block, relayer_nonce = anvil.timestamp(), anvil.block_number(), node.nonce(RELAYER)
+    (valid_after, valid_before), now = anvil.window(), int(time.time())
+    block, relayer_nonce = anvil.block_number(), node.nonce(RELAYER)
     for domain in ({'token': OTHER_TOKEN}, {'chain_id': 84532}, {'chain_id': 1}, {'name': 'USDC'}, {'version': '1'}):
-        payment = x_payment(sign_authorization(PAYER_KEY, PAY_TO, PRICE, now - 600, now + 600, **domain))
+        payment = x_payment(sign_authorization(PAYER_KEY, PAY_TO, PRICE, valid_after, valid_before, **domain))
         with pytest.raises(VerificationError) as raised:
             check(payment, now=now)
         assert code_of(raised) == 'payment_signature_invalid', domain
     assert (anvil.block_number(), node.nonce(RELAYER), anvil.balance(PAYER)) == (block, relayer_nonce, PRICE)
     # and the chain agrees: the token refuses such a signature
-    bad = x_payment(sign_authorization(PAYER_KEY, PAY_TO, PRICE, now - 600, now + 600, name='USDC'))
+    bad = x_payment(sign_authorization(PAYER_KEY, PAY_TO, PRICE, valid_after, valid_before, name='USDC'))
     assert settle(node, bad)['status'] == 0
     assert anvil.balance(PAYER) == PRICE
 
@@ -639,8 +668,7 @@ def test_an_authorization_for_another_token_chain_or_name_is_refused_before_anyt
 def test_wait_for_receipt_on_a_pending_transaction(anvil, usdc):
     node = Chain(anvil.url)
     anvil.mint(PAYER, PRICE)
-    now = anvil.timestamp()
-    payment = x_payment(sign_authorization(PAYER_KEY, PAY_TO, PRICE, now - 600, now + 600))
+    payment = x_payment(sign_authorization(PAYER_KEY, PAY_TO, PRICE, *anvil.window()))
     anvil.automine(False)
     max_fee, tip = node.fee_caps()
     raw, tx_hash = sign_transfer_with_authorization(RELAYER_KEY, token=USDC, payment=payment,

@@ -11,7 +11,7 @@ import time
 
 _recursion_limit = sys.getrecursionlimit()
 from web3 import HTTPProvider, Web3  # noqa: E402
-from web3.exceptions import BlockNotFound, TransactionNotFound  # noqa: E402
+from web3.exceptions import BlockNotFound, ContractLogicError, TransactionNotFound  # noqa: E402
 sys.setrecursionlimit(_recursion_limit)     # importing web3 raises it to 100000: deep input could then crash us
 
 from verifier.checks import (STEP_OF_CODE, TRANSFER_CHECKS, TRANSFER_STEPS, Checks, check_canonical, check_chain_id,
@@ -114,6 +114,19 @@ class Chain:
         data = BALANCE_OF + checksummed(address)[2:].lower().rjust(64, '0')
         answer = self._ask('eth_call', self.w3.eth.call, {'to': checksummed(token), 'data': data})
         return int.from_bytes(bytes(answer), 'big') if answer else 0
+
+    def revert_reason(self, sender, to, data):
+        """Run a call as `sender` would send it, in the block being built ('pending': the time and state a
+        transaction sent now meets), without sending anything: None if it would succeed, else why it would revert."""
+        transaction = {'from': checksummed(sender, 'sender'), 'to': checksummed(to, 'contract address'), 'data': data}
+
+        def call():
+            try:
+                self.w3.eth.call(transaction, 'pending')
+            except ContractLogicError as revert:       # an answer, not a failure of the node
+                return str(revert.message or '').removeprefix('execution reverted').lstrip(': ') or 'no reason given'
+            return None
+        return self._ask('eth_call', call)
 
     def send_raw(self, raw_hex):
         """Broadcast a signed transaction; True if the node took it, also when it knew it already."""

@@ -95,6 +95,7 @@ class Evaluation:
     amount: object = None           # form 1: moved on chain (claimed, without a node); form 2: authorized
     tx_hash: object = None          # form 1, lowercase
     nonce: object = None            # form 2, lowercase
+    balance: object = None          # form 2, with a node: the payer's USDC when it was read
 
     @property
     def error(self):
@@ -351,7 +352,7 @@ def _evaluate_authorization(evaluation, *, chain, chain_id, token, pay_to, min_a
         used = chain.authorization_used(token, fields['from'], fields['nonce'])
     checks.run('notReplayed', _expect, not used, 'This authorization has been used already.', 'payment_replayed')
     if chain is not None:
-        balance = chain.token_balance(token, fields['from'])
+        balance = evaluation.balance = chain.token_balance(token, fields['from'])
         checks.run('balance', _expect, balance >= fields['value'], f'The payer holds {balance} base units of USDC; '
                    f'the authorization moves {fields["value"]}.', 'payment_insufficient')
 
@@ -360,15 +361,21 @@ def _word(value):
     return format(value, '064x')
 
 
+def settlement_data(payment):
+    """The calldata that settles a form-2 payment: transferWithAuthorization(from, to, value, validAfter,
+    validBefore, nonce, v, r, s) as 0x hex."""
+    fields = parse_authorization(payment)
+    signature = fields['signature']
+    return (TRANSFER_WITH_AUTHORIZATION + _word(int(fields['from'], 16)) + _word(int(fields['to'], 16))
+            + _word(fields['value']) + _word(fields['validAfter']) + _word(fields['validBefore'])
+            + fields['nonce'][2:] + _word(signature[64]) + signature[:32].hex() + signature[32:64].hex())
+
+
 def sign_transfer_with_authorization(relayer_key, *, token, payment, nonce, chain_id, max_fee_per_gas,
                                      max_priority_fee_per_gas, gas=SETTLEMENT_GAS):
     """The settlement of a form-2 payment, signed by the relayer (who pays the gas): an EIP-1559 call of
     transferWithAuthorization(..., v, r, s) on `token`. (raw transaction hex, transaction hash hex); nothing is sent."""
-    fields = parse_authorization(payment)
-    signature = fields['signature']
-    data = (TRANSFER_WITH_AUTHORIZATION + _word(int(fields['from'], 16)) + _word(int(fields['to'], 16))
-            + _word(fields['value']) + _word(fields['validAfter']) + _word(fields['validBefore'])
-            + fields['nonce'][2:] + _word(signature[64]) + signature[:32].hex() + signature[32:64].hex())
+    data = settlement_data(payment)
     signed = Account.sign_transaction({
         'type': 2, 'chainId': int(chain_id), 'nonce': int(nonce), 'to': checksummed(token, 'token address'),
         'value': 0, 'data': data, 'gas': int(gas), 'maxFeePerGas': int(max_fee_per_gas),
