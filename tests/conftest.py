@@ -227,7 +227,7 @@ class LiveServer:
         self.port = free_port()
         self.url = f'http://127.0.0.1:{self.port}'
         self.extra_args = list(extra_args)
-        self.env = dict(os.environ, MARKETPLACE_ADMIN_KEY=ADMIN_KEY, MARKETPLACE_RATE_LIMITS='off', **(env or {}))
+        self.env = dict(os.environ, **{'MARKETPLACE_ADMIN_KEY': ADMIN_KEY, 'MARKETPLACE_RATE_LIMITS': 'off', **(env or {})})
         self.process = None
 
     def start(self):

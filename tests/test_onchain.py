@@ -345,7 +345,7 @@ def test_a_stranger_cannot_take_a_requesters_funding_transfer(anvil, usdc, tmp_p
 
 
 def test_the_readmes_funding_example_runs_as_written(anvil, usdc, tmp_path):
-    """README "USDC on Base: onchain mode": sign_funding.py and the curl that posts it, against the server."""
+    """README "What stops theft": sign_funding.py and the curl that posts it, against the server."""
     block = README.split('<!-- funding:start -->')[1].split('<!-- funding:end -->')[0]
     python = block.split('```python')[1].split('```')[0]
     script = block.split('```sh')[1].split('```')[0]

@@ -1,0 +1,238 @@
+"""The attacks that took other people's money from version 1 (CONTRACT.md 18, README "What stops theft"), each
+against the real server as a process, on anvil where money moves. The stranger's funding-hash attack is in
+test_onchain.py (test_a_stranger_cannot_take_a_requesters_funding_transfer), the six concurrent authorizations in
+test_x402_live.py, the private deliverables in test_jobs.py (test_a_deliverable_is_private_on_the_real_server);
+the rules themselves are tested in-process in test_disputes.py, test_sweeps.py, test_x402*.py and test_accounts.py.
+
+Only 127.0.0.1. Every test on the chain uses the `usdc` fixture, so the chain is put back as it was after it.
+"""
+
+import sqlite3
+import time
+from datetime import datetime, timedelta, timezone
+
+import requests
+
+from chain import DEV_ADDRESSES, DEV_KEYS, USDC, Account, sign_authorization, sign_funding
+from conftest import ADMIN_KEY, LiveServer, job_body
+from test_onchain import ESCROW, ESCROW_KEY, assert_refused, ledger_of, running
+from test_x402 import PAY_TO
+from test_x402_verifier import header_of, x_payment
+
+import marketplace as mp
+
+TIMEOUT = 20                # seconds for any one HTTP call: only to avoid hanging, never asserted
+ATTACKER_KEY, ATTACKER = DEV_KEYS[3], DEV_ADDRESSES[3]      # the attacker's wallet: funds its farming jobs
+VICTIM_KEY, VICTIM = DEV_KEYS[2], DEV_ADDRESSES[2]          # the victim's wallet: funds the job to steal
+CENT = 10_000               # 0.01 USDC in base units
+DELIVERABLE = {'type': 'url', 'url': 'https://example.com/junk'}
+
+
+class Caller:
+    """One API key against one server: call(method, path, body) → requests' answer."""
+
+    def __init__(self, server, key=None, account=None):
+        self.server, self.key, self.account = server, key, account
+
+    def call(self, method, path, body=None, headers=None):
+        headers = dict(headers or {}, **({'Authorization': f'Bearer {self.key}'} if self.key else {}))
+        return requests.request(method, self.server.url + path, json=body, headers=headers, timeout=TIMEOUT)
+
+    def ok(self, method, path, body=None, status=200):
+        answer = self.call(method, path, body)
+        assert answer.status_code == status, answer.text
+        return answer.json()
+
+
+def register(server, name, wallet=None):
+    """An account through open registration, with an agent when `wallet` is given: (Caller, agent or None)."""
+    if wallet is None:
+        answer = Caller(server).ok('POST', '/api/accounts', {'name': name}, 201)
+        return Caller(server, answer['apiKey'], answer['account']['id']), None
+    answer = Caller(server).ok('POST', '/api/agents/register', {'name': name, 'walletAddress': wallet}, 201)
+    return Caller(server, answer['apiKey'], answer['agent']['accountId']), answer['agent']
+
+
+def fund(anvil, payer_key, amount):
+    """`amount` minted to the payer and sent to escrow (mined): the transfer's hash."""
+    anvil.mint(Account.from_key(payer_key).address, amount)
+    return anvil.transfer(payer_key, ESCROW, amount)
+
+
+def funded_job(anvil, requester, payer_key, amount, **fields):
+    """A job funded on chain by `payer_key`'s wallet and signed for the requester's account."""
+    tx_hash = fund(anvil, payer_key, amount)
+    body = job_body(paymentAmount=mp.format_units(amount, 'USDC'), escrowTxHash=tx_hash,
+                    escrowSignature=sign_funding(payer_key, requester.account, tx_hash, ESCROW), **fields)
+    return requester.ok('POST', '/api/jobs', body, 201)['job']
+
+
+def claim_and_deliver(worker, agent, job):
+    claim = worker.ok('POST', f'/api/jobs/{job["id"]}/claim', {'agentId': agent['id']}, 201)['claim']
+    worker.ok('POST', f'/api/jobs/{job["id"]}/deliver', {'claimId': claim['id'], 'deliverable': DELIVERABLE})
+    return claim
+
+
+def onchain_server(db, anvil, *extra):
+    """The server in onchain mode (escrow DEV_ADDRESSES[1], one confirmation), arbitration not open."""
+    return running(LiveServer(db, ['--rpc-url', anvil.url, '--chain-id', '8453', '--confirmations', '1', *extra],
+                              env={'MARKETPLACE_ESCROW_KEY': ESCROW_KEY}))
+
+
+# 2. One farmed arbitrator decides any dispute alone -----------------------------------------------------
+
+def wait_for_balance(anvil, address, amount, timeout=20):
+    """Until `address` holds `amount` (payouts are broadcast after the answer that decides them)."""
+    deadline = time.monotonic() + timeout
+    while anvil.balance(address) != amount:
+        assert time.monotonic() < deadline, f'{address} holds {anvil.balance(address)}, not {amount}'
+        time.sleep(0.05)
+
+
+def test_a_farmed_arbitrator_cannot_release_a_strangers_escrow_on_chain(anvil, usdc, tmp_path):
+    """The attack: ten 0.01 jobs between two accounts of one person make an agent an arbitrator (10.00), and one
+    PATCH from it released a stranger's disputed 300 USDC to the attacker's worker, labelled "community"."""
+    db = tmp_path / 'm.db'
+    with onchain_server(db, anvil) as server:
+        boss, _ = register(server, 'attacker')
+        farmer_wallet = Account.create().address
+        farmer, agent = register(server, 'attacker farmer', farmer_wallet)
+        thief, thief_agent = register(server, 'attacker worker', Account.create().address)
+        admin = Caller(server, ADMIN_KEY)
+
+        # Free simulated jobs no longer farm reputation beside real money.
+        answer = boss.call('POST', '/api/jobs', job_body(paymentAmount='0.01', paymentCurrency='USD'))
+        assert_refused(answer, 400, 'rail_unavailable')
+        # Ten real 0.01 USDC jobs still do (the money goes round in the attacker's hands): reputation 10.00.
+        for _ in range(10):
+            job = funded_job(anvil, boss, ATTACKER_KEY, CENT)
+            claim = claim_and_deliver(farmer, agent, job)
+            boss.ok('POST', f'/api/jobs/{job["id"]}/verify', {'claimId': claim['id'], 'approved': True})
+        assert farmer.ok('GET', f'/api/agents/{agent["id"]}')['agent']['reputationScore'] == '10.00'
+        wait_for_balance(anvil, farmer_wallet, 10 * CENT)
+        arbitrator = farmer.ok('POST', '/api/arbitrators', {'name': 'community', 'walletAddress': ATTACKER,
+                                                            'agentId': agent['id']}, 201)['arbitrator']
+        assert (arbitrator['status'], arbitrator['trusted']) == ('pending', False)
+
+        # The victim's 300 USDC job, "delivered" by the attacker's other worker and disputed by the victim.
+        victim, _ = register(server, 'victim')
+        job = funded_job(anvil, victim, VICTIM_KEY, 300_000_000)
+        claim = claim_and_deliver(thief, thief_agent, job)
+        dispute = victim.ok('POST', f'/api/jobs/{job["id"]}/dispute',
+                            {'claimId': claim['id'], 'reason': 'This is not the work.'}, 201)['dispute']
+        assert (dispute['panel'], dispute['needsAdmin']) == ([], True)     # no active arbitrator to draw
+        escrow_before = anvil.balance(ESCROW)
+        assert escrow_before == 300_000_000
+        decision = {'outcome': 'worker', 'resolution': 'Delivered as asked.', 'resolvedBy': 'community'}
+        vote = {'arbitratorId': arbitrator['id'], 'vote': 'worker', 'reasoning': 'Delivered as asked.'}
+        for _ in ('pending', 'active'):
+            assert_refused(farmer.call('PATCH', f'/api/disputes/{dispute["id"]}', decision), 403, 'forbidden')
+            assert_refused(farmer.call('POST', f'/api/disputes/{dispute["id"]}/vote', vote), 403, 'not_on_panel')
+            activated = admin.ok('PATCH', f'/api/arbitrators/{arbitrator["id"]}', {'status': 'active'})
+            assert (activated['arbitrator']['status'], activated['arbitrator']['trusted']) == ('active', False)
+        assert_refused(thief.call('PATCH', f'/api/disputes/{dispute["id"]}', decision), 403, 'conflict_of_interest')
+
+        detail = Caller(server).ok('GET', f'/api/jobs/{job["id"]}')
+        assert (detail['job']['status'], detail['job']['escrowStatus']) == ('disputed', 'locked')
+        assert [payment['type'] for payment in detail['payments']] == ['escrow']
+        assert (anvil.balance(ESCROW), anvil.balance(VICTIM)) == (300_000_000, 0)
+        dispute = Caller(server).ok('GET', f'/api/disputes/{dispute["id"]}')['dispute']
+        assert (dispute['status'], dispute['votesReceived'], dispute['needsAdmin']) == ('open', 0, True)
+        assert server.terminate() == 0
+    assert ledger_of(db) == []
+
+
+# 3. A deposit burnt as an x402 proof; x402 prices avoided with a free key or an alias ---------------------
+
+def test_x402_takes_no_deposit_and_binds_member_keys_and_aliases(anvil, usdc, tmp_path):
+    db = tmp_path / 'm.db'
+    prices = ('--x402-pay-to', PAY_TO, '--x402-price', 'GET /api/jobs/match=0.01',
+              '--x402-price', 'GET /.well-known/agent-card.json=0.01')
+    with onchain_server(db, anvil, *prices) as server:
+        requester, _ = register(server, 'requester')
+        # A deposit not yet posted, offered as a form-1 proof by a stranger: refused, and still the owner's.
+        tx_hash = fund(anvil, VICTIM_KEY, 100_000_000)
+        timestamp = anvil.w3.eth.get_block(anvil.receipt(tx_hash)['blockNumber'])['timestamp']
+        proof = header_of(x_payment({'txHash': tx_hash, 'from': VICTIM, 'amount': '0.01', 'to': PAY_TO,
+                                     'chainId': 8453, 'tokenAddress': USDC, 'timestamp': timestamp}))
+        answer = Caller(server).call('GET', '/api/jobs/match?categories=code', headers={'X-PAYMENT': proof})
+        body = assert_refused(answer, 402, 'payment_wrong_recipient')
+        assert body['accepts'][0]['payTo'] == PAY_TO and 'X-PAYMENT-RESPONSE' not in answer.headers
+        job = requester.ok('POST', '/api/jobs', job_body(
+            paymentAmount='100.00', escrowTxHash=tx_hash,
+            escrowSignature=sign_funding(VICTIM_KEY, requester.account, tx_hash, ESCROW)), 201)['job']
+        assert (job['escrowTxHash'], job['escrowStatus']) == (tx_hash, 'locked')
+
+        # A free key from open registration pays like anyone; an alias of a priced route is priced alike.
+        member, _ = register(server, 'member')
+        assert_refused(member.call('GET', '/api/jobs/match?categories=code'), 402, 'payment_required')
+        for path in ('/.well-known/agent-card.json', '/.well-known/agent.json'):
+            assert_refused(member.call('GET', path), 402, 'payment_required')
+            assert Caller(server, ADMIN_KEY).call('GET', path).status_code == 200       # admins never pay
+        anvil.mint(ATTACKER, CENT)
+        payment = header_of(x_payment(sign_authorization(ATTACKER_KEY, PAY_TO, CENT, *anvil.window(ahead=3600))))
+        paid = member.call('GET', '/api/jobs/match?categories=code', headers={'X-PAYMENT': payment})
+        assert paid.status_code == 200, paid.text
+        assert paid.json()['total'] == 1 and 'X-PAYMENT-RESPONSE' in paid.headers
+        assert (anvil.balance(ATTACKER), anvil.balance(PAY_TO)) == (0, CENT)    # to the x402 address, not escrow
+        assert anvil.balance(ESCROW) == 100_000_000
+        assert server.terminate() == 0
+    conn = sqlite3.connect(f'file:{db}?mode=ro', uri=True)
+    assert conn.execute('SELECT account_id, status FROM x402_payments').fetchall() == [(member.account, 'confirmed')]
+    conn.close()
+    assert ledger_of(db) == []
+
+
+# 4. A sybil claim that freezes a job; an admin key that outlives its variable ----------------------------
+
+def backdate_claim(db, claim_id, hours):
+    """Move a claim's creation back (the server's clock cannot be moved: the database is its memory)."""
+    moment = mp.iso(datetime.now(timezone.utc) - timedelta(hours=hours))
+    with sqlite3.connect(db, timeout=10) as conn:
+        assert conn.execute('UPDATE claims SET created_at = ? WHERE id = ?', (moment, claim_id)).rowcount == 1
+
+
+def test_an_overdue_claim_expires_at_the_sweep_and_can_be_released(tmp_path):
+    db = tmp_path / 'm.db'
+    with running(LiveServer(db, ['--sweep-interval', '3600'])) as server:     # the sweep runs when the test says
+        requester, _ = register(server, 'requester')
+        sybil, sybil_agent = register(server, 'sybil', Account.create().address)
+        honest, honest_agent = register(server, 'honest', Account.create().address)
+        job = requester.ok('POST', '/api/jobs', job_body(claimTimeoutHours=2), 201)['job']
+        frozen = sybil.ok('POST', f'/api/jobs/{job["id"]}/claim', {'agentId': sybil_agent['id']}, 201)['claim']
+        assert_refused(honest.call('POST', f'/api/jobs/{job["id"]}/claim', {'agentId': honest_agent['id']}),
+                       409, 'already_claimed')
+        release = f'/api/jobs/{job["id"]}/claims/{frozen["id"]}/release'
+        assert_refused(requester.call('POST', release), 409, 'claim_not_overdue')
+        backdate_claim(db, frozen['id'], hours=2)
+        assert_refused(sybil.call('POST', release), 403, 'forbidden')      # the worker cannot release itself
+
+        swept = Caller(server, ADMIN_KEY).ok('POST', '/api/jobs/expire')
+        assert swept == {'expired': 0, 'refunded': 0, 'reputationPenalties': 1, 'jobIds': []}
+        detail = Caller(server).ok('GET', f'/api/jobs/{job["id"]}')
+        assert (detail['job']['status'], detail['job']['escrowStatus']) == ('open', 'locked')
+        assert [claim['status'] for claim in detail['claims']] == ['expired']
+        assert_refused(sybil.call('POST', f'/api/jobs/{job["id"]}/claim', {'agentId': sybil_agent['id']}),
+                       409, 'already_claimed')                             # no second freeze by the same agent
+
+        second = honest.ok('POST', f'/api/jobs/{job["id"]}/claim', {'agentId': honest_agent['id']}, 201)['claim']
+        backdate_claim(db, second['id'], hours=3)
+        released = requester.ok('POST', f'/api/jobs/{job["id"]}/claims/{second["id"]}/release')
+        assert (released['claim']['status'], released['job']['status']) == ('expired', 'open')
+        assert_refused(requester.call('POST', f'/api/jobs/{job["id"]}/claims/{second["id"]}/release'),
+                       409, 'claim_not_claimed')
+        history = Caller(server).ok('GET', f'/api/agents/{sybil_agent["id"]}')['reputationHistory']
+        assert [(entry['delta'], entry['reason']) for entry in history] == [('-0.50', 'claim expired without delivery')]
+        assert server.terminate() == 0
+    assert ledger_of(db) == []
+
+
+def test_a_changed_admin_key_revokes_the_old_one_at_start(tmp_path):
+    db, old, new = tmp_path / 'm.db', 'old-admin-key-' + 'o' * 32, 'new-admin-key-' + 'n' * 32
+    with running(LiveServer(db, env={'MARKETPLACE_ADMIN_KEY': old})) as server:
+        assert Caller(server, old).ok('POST', '/api/jobs/expire')['expired'] == 0
+        assert server.terminate() == 0
+    with running(LiveServer(db, env={'MARKETPLACE_ADMIN_KEY': new})) as server:
+        assert_refused(Caller(server, old).call('POST', '/api/jobs/expire'), 401, 'unauthorized')
+        assert Caller(server, new).ok('POST', '/api/jobs/expire')['expired'] == 0
+        assert server.terminate() == 0
