@@ -937,3 +937,54 @@ def test_closed_registration_refuses_both_open_routes_without_a_key(tmp_path):
         assert app.service.db.value('SELECT count(*) FROM agents') == 0
     finally:
         app.service.close()
+
+
+# Exempt accounts (CONTRACT.md 18): x402Exempt spares an account x402 prices, and gives it nothing else -----------
+
+def exempt(world, key):
+    answer = world.client.patch(f'/api/accounts/{world.account_id(key)}', {'x402Exempt': True}, key=ADMIN_KEY)
+    assert answer.status == 200 and answer.json['account']['x402Exempt'] is True, answer
+
+
+ADMIN_ONLY = sorted(route for route, spec in MATRIX.items() if spec.allowed == ('admin',))
+
+
+@pytest.mark.parametrize('route', ADMIN_ONLY, ids=[label(*route) for route in ADMIN_ONLY])
+def test_an_exempt_account_gets_no_admin_right(world, route):
+    spec = MATRIX[route]
+    state = spec.setup(world, 'another member')
+    exempt(world, world.stranger_key)
+    before = world.snapshot()
+    assert_error(world.client.request(route[0], state.path, state.body_for('another member'), key=world.stranger_key),
+                 403, 'forbidden')
+    assert world.snapshot() == before
+    spec.unchanged(world, state)
+
+
+def test_admin_only_routes_include_the_new_ones():
+    assert {('PATCH', '/api/accounts/<account_id>'), ('PATCH', '/api/arbitrators/<arbitrator_id>'),
+            ('POST', '/api/jobs/expire'), ('POST', '/api/jobs/auto-verify')} <= set(ADMIN_ONLY)
+
+
+PRICED_CALLERS = {'no key': (402, 'payment_required'), 'unknown key': (401, 'unauthorized'),
+                  'member': (402, 'payment_required'), 'exempt member': (200, None), 'admin': (200, None)}
+
+
+@pytest.mark.parametrize('caller', PRICED_CALLERS)
+def test_a_priced_operation_binds_every_caller_but_admins_and_exempt_accounts(x402_client, caller):
+    """GET /api/jobs/match priced at 0.01 USDC, asked without a payment (the node is never needed)."""
+    world = World(x402_client, x402_client.app)
+    key = {'no key': None, 'unknown key': 'mk_' + secrets.token_urlsafe(32), 'admin': ADMIN_KEY}.get(caller)
+    if caller in ('member', 'exempt member'):
+        key = world.stranger_key
+        if caller == 'exempt member':
+            exempt(world, key)
+    answer = x402_client.get('/api/jobs/match?categories=code', key=key)
+    status, code = PRICED_CALLERS[caller]
+    if code is None:
+        assert (answer.status, answer.json['matches'], header(answer, 'X-PAYMENT-RESPONSE')) == (200, [], None)
+        return
+    body = assert_error(answer, status, code)
+    if status == 402:
+        assert body['accepts'][0]['payTo'] == '0x9965507D1a55bcC2695C58ba16FB37d819B0A4dc'
+    assert x402_client.app.service.db.value('SELECT count(*) FROM x402_payments') == 0

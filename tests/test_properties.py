@@ -104,8 +104,9 @@ DISPUTE_MOVES = {'open': {'resolved'}}
 
 START = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)   # a fixed clock: runs are reproducible
 UNITS = {'USDC': 10 ** 4, 'USD': 1}                         # base units in one cent
-N_REQUESTERS, N_WORKERS, N_ARBITRATORS = 2, 5, 5
-TRUSTED = (0, 3)        # the arbitrators whose owners may decide a dispute alone
+N_REQUESTERS, N_WORKERS, N_ARBITRATORS = 2, 5, 7
+TRUSTED = (0, 3, 5, 6)  # the arbitrators an admin trusted (5 and 6 are not active: they decide nothing)
+NOT_ACTIVE = {5: 'pending', 6: 'suspended'}     # never drawn for a panel, never voting, never deciding
 MAX_LIVE_JOBS = 4
 
 # Hypothesis draws the first values of a sampled_from most often: the first ones here are those whose all-paid
@@ -150,17 +151,20 @@ class MarketMachine(RuleBasedStateMachine):
             worker_accounts.append((account, key))
         # Three independent arbitrators, then one owned by worker 0's account and one by requester 0's: those
         # two are parties to some disputes, where they are never drawn and may neither vote nor decide (403
-        # conflict_of_interest). The admin activates all five (panels of three always fill) and trusts
-        # arbitrators 0 and 3 (3 is worker 0's): only their owners may decide a dispute alone.
-        owners = [make_account(self.client, f'arbiter-{n}') for n in range(N_ARBITRATORS - 2)]
+        # conflict_of_interest). The admin activates those five (panels of three always fill) and trusts
+        # arbitrators 0 and 3 (3 is worker 0's): only their owners may decide a dispute alone. Two more, trusted
+        # too, stay pending (5) or are suspended (6): they are never drawn, never vote and never decide.
+        owners = [make_account(self.client, f'arbiter-{n}') for n in range(3)]
         owners += [worker_accounts[0], requesters[0]]
+        owners += [make_account(self.client, f'arbiter-{n}') for n in (5, 6)]
         self.arbitrators = []       # (arbitrator, key of its owner)
         for n, (account, key) in enumerate(owners):
             answer = self.client.post('/api/arbitrators', {'name': f'arbiter {n}', 'walletAddress': random_wallet(),
                                                            'accountId': account['id']}, key=ADMIN_KEY)
             assert (answer.status, answer.json['arbitrator']['status']) == (201, 'pending'), answer
-            answer = self.client.patch(f'/api/arbitrators/{answer.json["arbitrator"]["id"]}',
-                                       {'status': 'active', 'trusted': n in TRUSTED}, key=ADMIN_KEY)
+            change = {'trusted': n in TRUSTED} | ({} if NOT_ACTIVE.get(n) == 'pending' else
+                                                 {'status': NOT_ACTIVE.get(n, 'active')})
+            answer = self.client.patch(f'/api/arbitrators/{answer.json["arbitrator"]["id"]}', change, key=ADMIN_KEY)
             assert answer.status == 200, answer
             self.arbitrators.append((answer.json['arbitrator'], key))
         self.job_ids, self.claim_ids, self.dispute_ids = [], [], []     # in creation order
@@ -408,8 +412,11 @@ class MarketMachine(RuleBasedStateMachine):
         voted = {row['arbitrator_id'] for row in self.db.rows(
             'SELECT arbitrator_id FROM votes WHERE dispute_id = :id', {'id': dispute})}
         parties, panel = self.parties(dispute), self.panel(dispute)
+        # mostly a panel member; sometimes anyone else who has not voted (off the panel, pending, suspended)
+        on_panel = data.draw(st.integers(0, 3), label='a panel member (0-2)?') < 3
         number = self.pick(data, 'arbitrator', list(range(N_ARBITRATORS)),
-                           lambda n: self.arbitrators[n][0]['id'] in panel - voted)
+                           lambda n: self.arbitrators[n][0]['id'] not in voted
+                           and (self.arbitrators[n][0]['id'] in panel) == on_panel)
         judge, key = self.arbitrators[number]
         expected = (self.dispute_is_open(dispute) and judge['id'] in panel - voted
                     and judge['accountId'] not in parties)
@@ -427,7 +434,7 @@ class MarketMachine(RuleBasedStateMachine):
         decider = data.draw(st.sampled_from(['admin'] + list(range(N_ARBITRATORS))), label='decided by')
         expected = self.dispute_is_open(dispute)
         if decider != 'admin':
-            expected = expected and decider in TRUSTED and \
+            expected = expected and decider in TRUSTED and decider not in NOT_ACTIVE and \
                 self.arbitrators[decider][0]['accountId'] not in self.parties(dispute)
         note(f'{"admin" if decider == "admin" else f"arbitrator {decider}"} decides '
              f'{self.label("dispute", dispute)} for the {outcome}')
@@ -601,12 +608,13 @@ class MarketMachine(RuleBasedStateMachine):
     @invariant()
     def panels_are_full_and_unlinked(self):
         """Five active arbitrators, at most two linked to a dispute: every panel fills, with no party's
-        arbitrator, and only panel members' votes are counted."""
+        arbitrator and no pending or suspended one, and only panel members' votes are counted."""
+        not_active = {self.arbitrators[n][0]['id'] for n in NOT_ACTIVE}
         for row in self.db.rows('SELECT id, required_votes, needs_admin FROM disputes'):
             panel = self.panel(row['id'])
             owners = {a['accountId'] for a, _ in self.arbitrators if a['id'] in panel}
             assert (len(panel), row['needs_admin']) == (row['required_votes'], 0), row
-            assert not owners & self.parties(row['id']), row
+            assert not owners & self.parties(row['id']) and not panel & not_active, row
             voters = {v['arbitrator_id'] for v in self.db.rows('SELECT arbitrator_id FROM votes WHERE dispute_id = :id',
                                                                  {'id': row['id']})}
             assert voters <= panel, row
