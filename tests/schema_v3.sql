@@ -1,3 +1,4 @@
+-- schema.sql as version 3 left it, frozen: the migration tests build older databases from it (tests/test_cli.py).
 -- The marketplace's whole state. Idempotent: applied at every start, after the migrations in
 -- marketplace.py have brought an older database up to the shape below.
 -- Money is integer units of the currency (USD cents, USDC base units with 6 decimals).
