@@ -107,6 +107,17 @@ def parse_odd(text):
     return value
 
 
+def parse_range(low, high):
+    """Make a reader of whole numbers from low to high."""
+    def read(text):
+        value = int(text)
+        if not low <= value <= high:
+            raise ValueError(f'expected a whole number from {low} to {high}, got {text!r}')
+        return value
+    read.__name__ = 'int'
+    return read
+
+
 def parse_positive(kind):
     """Make a reader of positive numbers of one kind (int or float)."""
     def read(text):
@@ -251,6 +262,12 @@ SETTINGS = [
             'arbitrators are active at registration, without an admin (demos and the seed only)'),
     Setting('dispute_timeout_hours', 168, parse_positive(int),
             'hours after which an open dispute shows needsAdmin: true'),
+    Setting('stripe_secret_key', '', str,
+            'a Stripe secret key: turns the stripe rail (USD) from simulated to real; best given as the env var'),
+    Setting('stripe_webhook_secret', '', str, 'the signing secret (whsec_...) of the Stripe webhook endpoint'),
+    Setting('stripe_api_base', 'https://api.stripe.com', str, 'where the Stripe API is (tests point it at a fake)'),
+    Setting('stripe_checkout_minutes', 60, parse_range(30, 1440),
+            'minutes a Checkout Session stays open for the requester to pay (30 to 1440)'),
 ]
 
 
@@ -480,7 +497,33 @@ MIGRATIONS = {
             ALTER TABLE arbitrators_v4 RENAME TO arbitrators;
             ALTER TABLE votes_v4 RENAME TO votes;''',
     },
+    5: {        # the stripe rail for real (CONTRACT 12): jobs gain `pending_payment` and escrow `pending` (CHECKs
+                # changed in place: see widen_job_checks), Stripe ids on jobs, payments and agents, stripe_events
+        'before': lambda db: (widen_job_checks(db), db.conn.execute('''
+            ALTER TABLE jobs ADD COLUMN stripe_session_id TEXT;
+            ALTER TABLE jobs ADD COLUMN checkout_url TEXT;
+            ALTER TABLE jobs ADD COLUMN checkout_expires_at TEXT;
+            ALTER TABLE jobs ADD COLUMN payment_intent TEXT;
+            ALTER TABLE jobs ADD COLUMN stripe_charge TEXT;
+            ALTER TABLE payments ADD COLUMN reference TEXT;
+            ALTER TABLE agents ADD COLUMN stripe_account_id TEXT;
+            ALTER TABLE agents ADD COLUMN stripe_payouts_enabled INTEGER NOT NULL DEFAULT 0;''')),
+    },
 }
+
+
+def widen_job_checks(db):
+    """Let jobs take status `pending_payment` and escrow `pending` in an existing database. A CHECK cannot be
+    altered, and the jobs table (referenced by most others, with its FTS and count triggers) is not rebuilt: its
+    schema text is edited in place, as SQLite documents for changes that every existing row still satisfies."""
+    version = db.value('PRAGMA schema_version')
+    db.conn.execute('PRAGMA writable_schema = ON')
+    db.execute('''UPDATE sqlite_schema SET sql = replace(replace(sql,
+                      '(''open'', ''claimed'',', '(''pending_payment'', ''open'', ''claimed'','),
+                      '(''locked'', ''released'', ''refunded'')', '(''pending'', ''locked'', ''released'', ''refunded'')')
+                  WHERE type = 'table' AND name = 'jobs' ''')
+    db.conn.execute(f'PRAGMA schema_version = {version + 1}')
+    db.conn.execute('PRAGMA writable_schema = OFF')
 SCHEMA_SQL = (HERE / 'schema.sql').read_text()
 
 
@@ -525,7 +568,8 @@ class Database:
                                    f'program ({latest}); upgrade marketplace.py')
             pending = [migrations[target] for target in range(version + 1, latest + 1)] if version else []
             for migration in pending:
-                self.conn.execute(migration.get('before', ''))
+                before = migration.get('before', '')
+                before(self) if callable(before) else self.conn.execute(before)
             self.conn.execute(schema_sql)
             for migration in pending:
                 self.conn.execute(migration.get('after', ''))

@@ -35,9 +35,12 @@ CREATE TABLE IF NOT EXISTS agents (
     pricing           TEXT NOT NULL DEFAULT '{}',   -- JSON
     reputation        INTEGER NOT NULL DEFAULT 0 CHECK (reputation >= 0),  -- hundredths
     created_at        TEXT NOT NULL,
-    updated_at        TEXT NOT NULL
+    updated_at        TEXT NOT NULL,
+    stripe_account_id TEXT,                         -- stripe rail: the Express connected account it is paid to
+    stripe_payouts_enabled INTEGER NOT NULL DEFAULT 0   -- stripe rail: account.updated says it can take transfers
 );
 CREATE INDEX IF NOT EXISTS agents_account ON agents(account_id);
+CREATE UNIQUE INDEX IF NOT EXISTS agents_stripe_account ON agents(stripe_account_id);
 CREATE INDEX IF NOT EXISTS agents_reputation ON agents(reputation DESC, created_at);
 
 CREATE TABLE IF NOT EXISTS reputation_events (
@@ -58,7 +61,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     seq                       INTEGER PRIMARY KEY,
     id                        TEXT NOT NULL UNIQUE,
     status                    TEXT NOT NULL CHECK (status IN
-        ('open', 'claimed', 'delivered', 'disputed', 'completed', 'rejected', 'refunded',
+        ('pending_payment', 'open', 'claimed', 'delivered', 'disputed', 'completed', 'rejected', 'refunded',
          'expired', 'cancelled')),
     title                     TEXT NOT NULL,
     description               TEXT NOT NULL,
@@ -74,12 +77,17 @@ CREATE TABLE IF NOT EXISTS jobs (
     deadline                  TEXT NOT NULL,
     verification_window_hours INTEGER NOT NULL DEFAULT 24,
     min_reputation            INTEGER NOT NULL DEFAULT 0,   -- hundredths
-    escrow_status             TEXT NOT NULL CHECK (escrow_status IN ('locked', 'released', 'refunded')),
+    escrow_status             TEXT NOT NULL CHECK (escrow_status IN ('pending', 'locked', 'released', 'refunded')),
     escrow_tx_hash            TEXT,                         -- on chain: the funding transfer
     refund_address            TEXT,                         -- on chain: who funded it, and gets refunds
     created_at                TEXT NOT NULL,
     updated_at                TEXT NOT NULL,
-    claim_timeout_hours       INTEGER NOT NULL DEFAULT 24   -- a claim not delivered this long after it was made expires
+    claim_timeout_hours       INTEGER NOT NULL DEFAULT 24,  -- a claim not delivered this long after it was made expires
+    stripe_session_id         TEXT,                         -- stripe rail: the Checkout Session that funds it
+    checkout_url              TEXT,                         -- stripe rail: where the requester pays, while pending
+    checkout_expires_at       TEXT,                         -- stripe rail: when that session expires
+    payment_intent            TEXT,                         -- stripe rail: the PaymentIntent that paid it (refunds)
+    stripe_charge             TEXT                          -- stripe rail: its Charge (transfers' source_transaction)
 );
 -- Lists filter by status and category and sort by seq (newest, oldest), pay or deadline: each index below
 -- serves one filter with its sorts in index order (an index ends in seq, the rowid), so a page of 50 stops
@@ -165,7 +173,8 @@ CREATE TABLE IF NOT EXISTS payments (
     raw_tx      TEXT,                           -- on chain: the signed transfer, stored before it is sent
     nonce       INTEGER,                        -- on chain: its nonce (one per payout, never reused)
     broadcast_at TEXT,                          -- on chain: when the node first took it
-    created_at  TEXT NOT NULL
+    created_at  TEXT NOT NULL,
+    reference   TEXT                            -- stripe rail: the Stripe object (pi_, tr_, re_) once it exists
 );
 CREATE INDEX IF NOT EXISTS payments_pending ON payments(status) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS payments_job ON payments(job_id, created_at);
@@ -277,6 +286,16 @@ CREATE TABLE IF NOT EXISTS x402_payments (
 );
 CREATE INDEX IF NOT EXISTS x402_payments_pending ON x402_payments(status) WHERE status = 'pending';
 
+-- Stripe webhook events applied (each once, by its id), and what they recorded on a job (charge.refunded...).
+CREATE TABLE IF NOT EXISTS stripe_events (
+    id          TEXT PRIMARY KEY,               -- evt_...
+    type        TEXT NOT NULL,
+    job_id      TEXT REFERENCES jobs(id),
+    summary     TEXT,                           -- for the job's timeline, when the event is about a job
+    created_at  TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS stripe_events_job ON stripe_events(job_id) WHERE job_id IS NOT NULL;
+
 -- Small counters: 'next_nonce' of the escrow wallet, allocated one payout or settlement at a time.
 CREATE TABLE IF NOT EXISTS chain_state (
     name   TEXT PRIMARY KEY,
@@ -302,4 +321,4 @@ CREATE TABLE IF NOT EXISTS webhook_deliveries (
 CREATE INDEX IF NOT EXISTS webhook_deliveries_due ON webhook_deliveries(status, next_attempt_at);
 CREATE INDEX IF NOT EXISTS webhook_deliveries_agent ON webhook_deliveries(agent_id, created_at);
 
-PRAGMA user_version = 4;
+PRAGMA user_version = 5;

@@ -462,12 +462,53 @@ def test_a_version_1_database_gains_the_x402_tables_and_keeps_its_rows(tmp_path)
     db.close()
 
 
-def version_3_demo(path):
-    """The demo fixtures in a database of schema version 3 (seeded now, then taken back to that shape)."""
+def version_4_demo(path):
+    """The demo fixtures in a database of schema version 4 (seeded now, then taken back to that shape): an open
+    connection to it, in a transaction."""
     mp.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', out=lambda line: None)
     conn = apsw.Connection(str(path))
     conn.execute('PRAGMA foreign_keys = ON')
     conn.execute('BEGIN')
+    version = next(conn.execute('PRAGMA schema_version'))[0]
+    conn.execute("""DROP TABLE stripe_events; DROP INDEX agents_stripe_account;
+        ALTER TABLE jobs DROP COLUMN stripe_session_id; ALTER TABLE jobs DROP COLUMN checkout_url;
+        ALTER TABLE jobs DROP COLUMN checkout_expires_at; ALTER TABLE jobs DROP COLUMN payment_intent;
+        ALTER TABLE jobs DROP COLUMN stripe_charge; ALTER TABLE payments DROP COLUMN reference;
+        ALTER TABLE agents DROP COLUMN stripe_account_id; ALTER TABLE agents DROP COLUMN stripe_payouts_enabled;
+        PRAGMA writable_schema = ON;
+        UPDATE sqlite_schema SET sql = replace(replace(sql, '''pending_payment'', ', ''), '''pending'', ', '')
+            WHERE type = 'table' AND name = 'jobs';""")
+    conn.execute(f'PRAGMA schema_version = {version + 1}')
+    conn.execute('PRAGMA writable_schema = OFF; PRAGMA user_version = 4;')
+    return conn
+
+
+def test_a_version_4_database_takes_pending_jobs_and_keeps_its_rows(tmp_path):
+    path = tmp_path / 'old.db'
+    conn = version_4_demo(path)
+    conn.execute('COMMIT')
+    jobs = list(conn.execute('SELECT id, status, escrow_status FROM jobs ORDER BY id'))
+    schema = next(conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'jobs'"))[0]
+    assert 'pending' not in schema and len(jobs) == 10
+    conn.close()
+    db = mp.Database(path)
+    db.migrate()
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 5
+    assert [tuple(row.values()) for row in db.rows('SELECT id, status, escrow_status FROM jobs ORDER BY id')] == jobs
+    assert db.value('PRAGMA integrity_check') == 'ok' and db.value('PRAGMA foreign_key_check') is None
+    job = jobs[0][0]
+    with db.transaction():      # the new values are allowed, and the CHECKs still refuse others
+        db.execute("UPDATE jobs SET status = 'pending_payment', escrow_status = 'pending' WHERE id = :id", {'id': job})
+    with pytest.raises(apsw.ConstraintError):
+        db.execute("UPDATE jobs SET status = 'paid' WHERE id = :id", {'id': job})
+    assert db.rows('SELECT stripe_session_id, payment_intent FROM jobs WHERE id = :id', {'id': job}) == \
+        [{'stripe_session_id': None, 'payment_intent': None}]
+    db.close()
+
+
+def version_3_demo(path):
+    """The demo fixtures in a database of schema version 3 (seeded now, then taken back to that shape)."""
+    conn = version_4_demo(path)
     conn.execute('''DROP TABLE dispute_panels;
         ALTER TABLE accounts DROP COLUMN x402_exempt; ALTER TABLE api_keys DROP COLUMN from_env;
         ALTER TABLE jobs DROP COLUMN claim_timeout_hours; ALTER TABLE disputes DROP COLUMN needs_admin;
@@ -508,7 +549,7 @@ def test_a_version_3_database_keeps_its_arbitrators_and_votes_and_agent_arbitrat
     assert votes and any(agent for _, agent, _ in before) and any(not agent for _, agent, _ in before)
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 4
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 5
     after = [tuple(row.values()) for row in db.rows('SELECT id, agent_id IS NOT NULL, status, trusted FROM arbitrators ORDER BY id')]
     assert after == [(id_, agent, 'pending' if agent and status == 'active' else status, 0)
                      for id_, agent, status in before]
@@ -550,7 +591,7 @@ def test_a_version_2_database_gains_job_counts_of_its_jobs_and_the_list_indexes(
     assert len(counted) >= 5 and {status for _, status, _ in counted} >= {'open', 'completed', 'rejected'}
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 4
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 5
     assert [tuple(row.values()) for row in db.rows('SELECT category, status, jobs FROM job_counts ORDER BY 1, 2')] \
         == counted
     indexes = {row['name'] for row in db.rows("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'jobs'")}
@@ -563,6 +604,6 @@ def test_a_version_2_database_gains_job_counts_of_its_jobs_and_the_list_indexes(
 def test_a_new_database_gets_the_schema_without_migrations(tmp_path):
     db = mp.Database(tmp_path / 'new.db')
     not_sql = {'before': 'THIS IS NOT SQL'}
-    db.migrate(mp.SCHEMA_SQL, {2: not_sql, 3: not_sql, 4: not_sql})     # a new database runs no migration
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 4
+    db.migrate(mp.SCHEMA_SQL, {2: not_sql, 3: not_sql, 4: not_sql, 5: not_sql})     # a new database runs no migration
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 5
     db.close()
