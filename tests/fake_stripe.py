@@ -218,10 +218,20 @@ class FakeStripe:
             event['account'] = account
         with self.lock:
             self.events.append(event)
-        payload = json.dumps(event)
-        header = stripe.WebhookSignature.generate_signature_header(
-            payload, secret or self.webhook_secret, timestamp=int(time.time()) if timestamp is None else timestamp)
-        return payload.encode(), header
+        payload = json.dumps(event).encode()
+        return payload, self.sign(payload, timestamp=timestamp, secret=secret)
+
+    def sign(self, payload, *, timestamp=None, secret=None):
+        """The Stripe-Signature header for any body (bytes), made by the stripe library's own helper."""
+        if isinstance(payload, bytes):
+            try:
+                text = payload.decode('utf-8')
+            except UnicodeDecodeError:          # Stripe never sends such a body; a test may
+                text = payload.decode('latin-1')
+        else:
+            text = payload
+        return stripe.WebhookSignature.generate_signature_header(
+            text, secret or self.webhook_secret, timestamp=int(time.time()) if timestamp is None else timestamp)
 
     # --- objects' current JSON ---
 
