@@ -122,7 +122,7 @@ class FakeStripe:
         self.server = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
         self.server.daemon_threads = True
         self.url = f'http://127.0.0.1:{self.server.server_address[1]}'
-        threading.Thread(target=self.server.serve_forever, name='fake-stripe', daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), name='fake-stripe', daemon=True).start()
         return self
 
     def stop(self):
@@ -152,8 +152,10 @@ class FakeStripe:
 
     # --- controls for tests ---
 
-    def complete(self, session_id):
-        """Pay an open Checkout Session: a succeeded PaymentIntent and its Charge; the session's JSON."""
+    def complete(self, session_id, *, paid=True):
+        """Pay an open Checkout Session: a succeeded PaymentIntent and its Charge, payment_status paid; with
+        paid=False a delayed payment method instead (status complete, payment_status unpaid, the PaymentIntent
+        processing and its charge pending until settle()). The session's JSON."""
         with self.lock:
             session = self.sessions[session_id]
             if session['status'] != 'open':
@@ -162,20 +164,43 @@ class FakeStripe:
             now = int(time.time())
             intent_id, charge_id = new_id('pi_'), new_id('ch_')
             self.charges[charge_id] = {
-                'id': charge_id, 'object': 'charge', 'amount': session['amount_total'], 'amount_captured':
-                session['amount_total'], 'amount_refunded': 0, 'captured': True, 'created': now,
-                'currency': session['currency'], 'livemode': False, 'metadata': {}, 'paid': True,
-                'payment_intent': intent_id, 'refunded': False, 'status': 'succeeded',
-                'transfer_group': secret['transfer_group'],
+                'id': charge_id, 'object': 'charge', 'amount': session['amount_total'], 'amount_captured': 0,
+                'amount_refunded': 0, 'captured': False, 'created': now, 'currency': session['currency'],
+                'livemode': False, 'metadata': {}, 'paid': False, 'payment_intent': intent_id, 'refunded': False,
+                'status': 'pending', 'transfer_group': secret['transfer_group'],
             }
             self.intents[intent_id] = {
                 'id': intent_id, 'object': 'payment_intent', 'amount': session['amount_total'],
-                'amount_received': session['amount_total'], 'created': now, 'currency': session['currency'],
-                'latest_charge': charge_id, 'livemode': False, 'metadata': secret['intent_metadata'],
-                'status': 'succeeded', 'transfer_group': secret['transfer_group'],
+                'amount_received': 0, 'created': now, 'currency': session['currency'], 'latest_charge': charge_id,
+                'livemode': False, 'metadata': secret['intent_metadata'], 'status': 'processing',
+                'transfer_group': secret['transfer_group'],
             }
-            session.update(status='complete', payment_status='paid', payment_intent=intent_id, url=None)
+            session.update(status='complete', payment_status='unpaid', payment_intent=intent_id, url=None)
+            if paid:
+                self._settle(session, True)
             return self.session(session_id)
+
+    def settle(self, session_id, *, succeeded=True):
+        """End a delayed payment of a completed, unpaid session: paid, or failed (the PaymentIntent then
+        requires_payment_method and its charge failed). The session's JSON."""
+        with self.lock:
+            session = self.sessions[session_id]
+            intent = self.intents.get(session['payment_intent'])
+            if intent is None or intent['status'] != 'processing':
+                raise ValueError(f'session {session_id} has no payment in processing')
+            self._settle(session, succeeded)
+            return self.session(session_id)
+
+    def _settle(self, session, succeeded):
+        intent = self.intents[session['payment_intent']]
+        charge = self.charges[intent['latest_charge']]
+        if succeeded:
+            intent.update(status='succeeded', amount_received=intent['amount'])
+            charge.update(status='succeeded', paid=True, captured=True, amount_captured=charge['amount'])
+            session['payment_status'] = 'paid'
+        else:
+            intent.update(status='requires_payment_method')
+            charge.update(status='failed')
 
     def expire(self, session_id):
         """Expire an open Checkout Session; its JSON."""
@@ -430,6 +455,9 @@ class FakeStripe:
             charge = self.charges.get(source)
             if charge is None:
                 raise _missing('charge', source, 'source_transaction')
+            if charge['status'] != 'succeeded':
+                raise StripeFail(400, None, f'The source_transaction {source} has not succeeded '
+                                 f'(it is {charge["status"]}).', 'source_transaction')
             if charge['currency'] != currency:
                 raise StripeFail(400, 'parameter_invalid_string', f'The currency of source_transaction\'s balance '
                                  f'transaction ({charge["currency"]}) must be the same as the transfer currency '
@@ -490,6 +518,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     fake = None
     protocol_version = 'HTTP/1.1'
+    disable_nagle_algorithm = True      # headers and body go out in two writes: no 40 ms delayed-ACK stalls
 
     def log_message(self, format, *args):
         pass

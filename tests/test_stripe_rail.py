@@ -113,6 +113,27 @@ def test_an_expired_session_says_expired(rail, fake_stripe):
     assert (answer['status'], answer['payment_status'], answer['payment_intent']) == ('expired', 'unpaid', None)
 
 
+def test_a_delayed_payment_is_complete_but_unpaid_until_it_settles(rail, fake_stripe):
+    session = open_checkout(rail)
+    fake_stripe.complete(session['id'], paid=False)
+    answer = rail.checkout_session(session['id'])
+    assert (answer['status'], answer['payment_status']) == ('complete', 'unpaid')
+    with pytest.raises(StripeRefused) as caught:
+        rail.refund(payment_intent=answer['payment_intent'], amount_cents=100, idempotency_key='payment-1')
+    assert caught.value.code == 'payment_intent_unexpected_state'
+    fake_stripe.settle(session['id'])
+    assert rail.checkout_session(session['id'])['payment_status'] == 'paid'
+
+
+def test_a_failed_delayed_payment_stays_unpaid(rail, fake_stripe):
+    session = open_checkout(rail)
+    fake_stripe.complete(session['id'], paid=False)
+    fake_stripe.settle(session['id'], succeeded=False)
+    answer = rail.checkout_session(session['id'])
+    assert (answer['status'], answer['payment_status']) == ('complete', 'unpaid')
+    assert fake_stripe.payment_intent(answer['payment_intent'])['status'] == 'requires_payment_method'
+
+
 def test_an_unknown_session_is_refused_as_missing(rail):
     with pytest.raises(StripeRefused) as caught:
         rail.checkout_session('cs_test_nothing')
