@@ -119,8 +119,7 @@ class FakeStripe:
         class Handler(_Handler):
             pass
         Handler.fake = fake
-        self.server = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(('127.0.0.1', 0), Handler)
         self.url = f'http://127.0.0.1:{self.server.server_address[1]}'
         threading.Thread(target=self.server.serve_forever, args=(0.05,), name='fake-stripe', daemon=True).start()
         return self
@@ -219,12 +218,12 @@ class FakeStripe:
                            capabilities={'transfers': 'active'})
             return self.account(account_id)
 
-    def fail_next(self, n=1, status=500, *, after=False):
-        """Fail the next n requests with HTTP `status` (Stripe's api_error shape) or 'drop' (close the connection
-        without an answer); with after=True each request runs first (its effect and idempotent answer stay),
-        and only its answer is lost."""
+    def fail_next(self, n=1, status=500, *, after=False, body=None):
+        """Fail the next n requests with HTTP `status` (Stripe's api_error shape, or `body`: a dict as JSON, bytes
+        as they are) or 'drop' (close the connection without an answer); with after=True each request runs first
+        (its effect and idempotent answer stay), and only its answer is lost."""
         with self.lock:
-            self._failures.extend([(status, after)] * n)
+            self._failures.extend([(status, after, body)] * n)
 
     def delay_next(self, seconds, n=1):
         """Hold the next n requests for `seconds` before running them (a request held past reset() never runs)."""
@@ -513,6 +512,13 @@ class FakeStripe:
         return dict(self.refunds[refund_id])
 
 
+class _Server(ThreadingHTTPServer):
+    """A threaded server whose backlog takes a burst of concurrent clients."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+
 class _Handler(BaseHTTPRequestHandler):
     """One HTTP request to the fake, as the stripe library sends it."""
 
@@ -560,7 +566,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if fake.generation != generation:
                     return self.drop()
         if failure is not None and not failure[1]:
-            return self.fail(failure[0])
+            return self.fail(failure)
         if path.startswith('/c/pay/') or path.startswith('/setup/'):
             return self.send(200, {'object': 'page', 'path': path}, {})
         with fake.lock:
@@ -574,17 +580,19 @@ class _Handler(BaseHTTPRequestHandler):
             except StripeFail as fail:
                 status, body, replayed = fail.status, fail.body, False
         if failure is not None:
-            return self.fail(failure[0])
+            return self.fail(failure)
         headers = {'Idempotent-Replayed': 'true'} if replayed else {}
         if key is not None and method == 'POST':
             headers['Idempotency-Key'] = key
         self.send(status, body, headers)
 
-    def fail(self, status):
+    def fail(self, failure):
+        status, _, body = failure
         if status == 'drop':
             return self.drop()
-        self.send(int(status), {'error': {'type': 'api_error', 'message': 'An unknown error occurred in the fake.'}},
-                  {'Stripe-Should-Retry': 'true'})
+        if body is None:
+            body = {'error': {'type': 'api_error', 'message': 'An unknown error occurred in the fake.'}}
+        self.send(int(status), body, {'Stripe-Should-Retry': 'true'})
 
     def drop(self):
         """Close the connection with no answer at all."""
@@ -595,7 +603,7 @@ class _Handler(BaseHTTPRequestHandler):
             pass
 
     def send(self, status, body, headers):
-        data = json.dumps(body).encode()
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
         self.send_header('Content-Type', 'application/json')
         self.send_header('Content-Length', str(len(data)))

@@ -317,6 +317,13 @@ def test_an_answer_lost_after_the_transfer_was_made_is_not_paid_twice_on_retry(r
     assert len(fake_stripe.transfer_list()) == 1
 
 
+@pytest.mark.parametrize('body', [{'object': 'checkout.session'}, b'<html>502 Bad Gateway</html>', b''])
+def test_a_malformed_answer_is_unavailable(rail, fake_stripe, body):
+    fake_stripe.fail_next(1, 200, body=body)
+    with pytest.raises(StripeUnavailable):
+        open_checkout(rail)
+
+
 def test_a_dropped_connection_is_unavailable_after_exactly_one_request(rail, fake_stripe):
     fake_stripe.fail_next(1, 'drop')
     with pytest.raises(StripeUnavailable):
