@@ -556,10 +556,12 @@ class _Handler(BaseHTTPRequestHandler):
                 form, query, early = {}, {}, fail
             else:
                 early = None
-            fake.log.append({'method': method, 'path': path, 'idempotency_key': key, 'form': form, 'query': query,
-                             'authorization': self.headers.get('Authorization'),
-                             'stripe_version': self.headers.get('Stripe-Version'),
-                             'content_type': self.headers.get('Content-Type'), 'at': time.time()})
+            record = {'method': method, 'path': path, 'idempotency_key': key, 'form': form, 'query': query,
+                      'authorization': self.headers.get('Authorization'),
+                      'stripe_version': self.headers.get('Stripe-Version'),
+                      'content_type': self.headers.get('Content-Type'), 'at': time.time(),
+                      'status': None, 'replayed': False}      # what the fake answered, once it has
+            fake.log.append(record)
         if delay:
             wake.wait(delay)
             with fake.lock:
@@ -579,6 +581,7 @@ class _Handler(BaseHTTPRequestHandler):
                 status, body, replayed = fake.answer(method, path, query, form, key)
             except StripeFail as fail:
                 status, body, replayed = fail.status, fail.body, False
+            record.update(status=status, replayed=replayed)
         if failure is not None:
             return self.fail(failure)
         headers = {'Idempotent-Replayed': 'true'} if replayed else {}
