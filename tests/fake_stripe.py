@@ -2,7 +2,9 @@
 
 It speaks what the real `stripe` library sends (form bodies with bracket keys, Bearer auth with the
 secret key, an Idempotency-Key header) and answers Stripe-shaped JSON and errors. Tests drive it with
-plain methods, not HTTP: complete(), expire(), enable_payouts(), fail_next(), delay_next(), event().
+plain methods, not HTTP: complete(), settle(), expire(), enable_payouts(), fail_next(), delay_next(), event(),
+sign(), and read state with session(), payment_intent(), charge(), account(), transfer_list(), refund_list(),
+posts() and log.
 
     from fake_stripe import fake_stripe, fake_stripe_server   # noqa: F401  (the fixtures)
 
