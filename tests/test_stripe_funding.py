@@ -14,7 +14,8 @@ from datetime import timedelta
 import pytest
 
 import marketplace as mp
-from conftest import ADMIN_KEY, assert_error, in_hours, job_body, make_account, make_agent
+from conftest import ADMIN_KEY, Client, LiveServer, assert_error, in_hours, job_body, make_account, make_agent
+from fake_stripe import fake_stripe, fake_stripe_server  # noqa: F401  (the fixtures)
 from test_openapi import Checker
 
 SECRET, WEBHOOK_SECRET = 'sk_test_fake', 'whsec_fake'
@@ -533,3 +534,133 @@ def test_lists_leave_out_pending_jobs_in_index_order(client, market, rail):
     seqs, total = mp.find_jobs(db, match='"flaky"', sort='relevance')
     assert (len(seqs), total) == (1, 1)
     assert mp.jobs_in_order(db, seqs)[0]['id'] == opened['id'] != pending['id']
+
+
+def test_less_than_fifty_cents_cannot_be_paid_by_card(client, market, rail):
+    answer = client.post('/api/jobs', job_body(paymentCurrency='USD', paymentAmount='0.49'), key=market.requester_key)
+    assert_error(answer, 400, 'validation_failed', fields=['paymentAmount'])
+    assert rail.calls == []
+
+
+# The real stack: stripe_rail.py and the stripe library against tests/fake_stripe.py ------------------------
+
+@pytest.fixture
+def real(tmp_path, fake_stripe):
+    """An in-process app whose StripeRail is the real one, pointed at the fake Stripe API."""
+    settings = mp.Settings(db=str(tmp_path / 'real.db'), rate_limits='off', admin_key=ADMIN_KEY,
+                           public_url='http://market.test', allow_private_webhooks=True,
+                           stripe_secret_key=fake_stripe.secret_key, stripe_webhook_secret=fake_stripe.webhook_secret,
+                           stripe_api_base=fake_stripe.url)
+    app = mp.make_app(settings)
+    yield app
+    problems = mp.ledger_problems(app.service.db)
+    app.service.close()
+    assert problems == []
+
+
+def post_event(client, fake, kind, thing, **options):
+    payload, signature = fake.event(kind, thing, **options)
+    return client.post('/api/stripe/webhook', payload, headers={'Stripe-Signature': signature})
+
+
+def test_the_real_rail_opens_the_session_the_contract_asks_for(real, fake_stripe):
+    client = Client(real)
+    _, key = make_account(client, 'requester')
+    answer = usd_job(client, key, paymentAmount='12.34')
+    job = answer['job']
+    (post,) = fake_stripe.posts('/v1/checkout/sessions')
+    form = post['form']
+    assert post['idempotency_key'] == f'checkout-{job["id"]}'
+    assert (form['mode'], form['client_reference_id'], form['metadata'], form['payment_intent_data']['transfer_group'],
+            form['line_items'][0]['price_data']['unit_amount'], form['line_items'][0]['price_data']['currency']) == \
+        ('payment', job['id'], {'job_id': job['id']}, f'job_{job["id"]}', '1234', 'usd')
+    session_id = real.service.db.value('SELECT stripe_session_id FROM jobs WHERE id = :id', {'id': job['id']})
+    assert answer['checkoutUrl'] == fake_stripe.session(session_id)['url']
+    # paid: the event (signed by the library's own helper) opens it with the charge of the expanded PaymentIntent
+    session = fake_stripe.complete(session_id)
+    opened = post_event(client, fake_stripe, 'checkout.session.completed', session)
+    assert opened.json['outcome'] == 'opened', opened
+    intent = fake_stripe.payment_intent(session['payment_intent'])
+    row = real.service.db.row('SELECT status, payment_intent, stripe_charge FROM jobs WHERE id = :id', {'id': job['id']})
+    assert (row['status'], row['payment_intent'], row['stripe_charge']) == ('open', intent['id'], intent['latest_charge'])
+
+
+def test_the_real_rail_refuses_stale_and_foreign_signatures(real, fake_stripe):
+    client = Client(real)
+    _, key = make_account(client, 'requester')
+    job = usd_job(client, key)['job']
+    session_id = real.service.db.value('SELECT stripe_session_id FROM jobs WHERE id = :id', {'id': job['id']})
+    session = fake_stripe.complete(session_id)
+    stale = post_event(client, fake_stripe, 'checkout.session.completed', session, timestamp=int(time.time()) - 301)
+    foreign = post_event(client, fake_stripe, 'checkout.session.completed', session, secret='whsec_another')
+    for answer in (stale, foreign):
+        assert_error(answer, 400, 'invalid_signature')
+    assert state(real.service.db, job['id']) == ('pending_payment', 'pending', 0, 0)
+
+
+def test_the_real_rail_down_is_503_and_the_sweep_reconciles(real, fake_stripe, real_clock):
+    client = Client(real)
+    _, key = make_account(client, 'requester')
+    fake_stripe.fail_next(1, 503)
+    assert_error(client.post('/api/jobs', job_body(paymentCurrency='USD'), key=key), 503, 'payment_provider_unavailable')
+    fake_stripe.fail_next(1, 'drop')
+    assert_error(client.post('/api/jobs', job_body(paymentCurrency='USD'), key=key), 503, 'payment_provider_unavailable')
+    assert real.service.db.value('SELECT count(*) FROM jobs') == 0
+    paid, expired = usd_job(client, key)['job'], usd_job(client, key)['job']
+    ids = {job['id']: real.service.db.value('SELECT stripe_session_id FROM jobs WHERE id = :id', {'id': job['id']})
+           for job in (paid, expired)}
+    fake_stripe.complete(ids[paid['id']])
+    fake_stripe.expire(ids[expired['id']])
+    real_clock.set(mp.now() + timedelta(minutes=2))
+    checkouts = mp.run_sweeps(real.service.db, real.service.settings)['checkouts']
+    assert checkouts == {'checked': 2, 'failed': 0, 'opened': [paid['id']], 'cancelled': [expired['id']]}
+    assert state(real.service.db, paid['id']) == ('open', 'locked', 1, 0)
+    assert state(real.service.db, expired['id']) == ('cancelled', 'pending', 0, 0)
+
+
+# Over HTTP: the real server --------------------------------------------------------------------------------
+
+@pytest.fixture
+def stripe_server(tmp_path, fake_stripe):
+    server = LiveServer(tmp_path / 'live.db', [
+        '--stripe-secret-key', fake_stripe.secret_key, '--stripe-webhook-secret', fake_stripe.webhook_secret,
+        '--stripe-api-base', fake_stripe.url, '--public-url', 'http://market.test']).start()
+    yield server
+    if server.process.poll() is None:
+        server.process.kill()
+        server.process.wait(10)
+
+
+def test_funding_through_the_real_server(stripe_server, fake_stripe):
+    import requests
+    url = stripe_server.url
+    key = requests.post(url + '/api/accounts', json={'name': 'requester'}, timeout=10).json()['apiKey']
+    auth = {'Authorization': f'Bearer {key}'}
+    fake_stripe.fail_next(1, 500)
+    down = requests.post(url + '/api/jobs', json=job_body(paymentCurrency='USD'), headers=auth, timeout=15)
+    assert (down.status_code, down.json()['code'], down.headers['Retry-After']) == \
+        (503, 'payment_provider_unavailable', '30')
+    answer = requests.post(url + '/api/jobs', json=job_body(paymentCurrency='USD'), headers=auth, timeout=15)
+    assert answer.status_code == 201, answer.text
+    job, checkout_url = answer.json()['job'], answer.json()['checkoutUrl']
+    assert job['status'] == 'pending_payment' and checkout_url.startswith(fake_stripe.url)
+    assert requests.get(f'{url}/api/jobs/{job["id"]}', timeout=10).status_code == 404
+    assert requests.get(f'{url}/api/jobs', timeout=10).json()['total'] == 0
+    (session_id,) = fake_stripe.sessions
+    payload, signature = fake_stripe.event('checkout.session.completed', fake_stripe.complete(session_id))
+    bad = requests.post(url + '/api/stripe/webhook', data=payload, headers={'Stripe-Signature': signature[:-2] + '00'},
+                        timeout=10)
+    assert (bad.status_code, bad.json()['code']) == (400, 'invalid_signature')
+    for outcome in ('opened', 'duplicate'):
+        sent = requests.post(url + '/api/stripe/webhook', data=payload, headers={'Stripe-Signature': signature,
+                                                                               'Content-Type': 'application/json'},
+                             timeout=15)
+        assert (sent.status_code, sent.json()['outcome']) == (200, outcome), sent.text
+    shown = requests.get(f'{url}/api/jobs/{job["id"]}', timeout=10).json()
+    assert (shown['job']['status'], shown['job']['escrowStatus'], shown['payments'][0]['reference']) == \
+        ('open', 'locked', fake_stripe.session(session_id)['payment_intent'])
+    assert [j['id'] for j in requests.get(f'{url}/api/jobs', timeout=10).json()['jobs']] == [job['id']]
+    assert job['id'] in requests.get(f'{url}/api/jobs/feed', timeout=10).text
+    assert stripe_server.terminate() == 0
+    logs = stripe_server.output()
+    assert fake_stripe.secret_key not in logs and fake_stripe.webhook_secret not in logs
