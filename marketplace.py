@@ -772,8 +772,12 @@ def stripe_mode(settings):
 
 def real_rails(settings):
     """The rails that move real money: base in onchain mode, stripe in stripe mode."""
-    return {rail for rail, real in (('base', settings.onchain is not None), ('stripe', stripe_mode(settings)))
-            if real}
+    rails = set()
+    if settings.onchain is not None:
+        rails.add('base')
+    if stripe_mode(settings):
+        rails.add('stripe')
+    return rails
 
 
 def lock_escrow(db, job, funding=None, payment_intent=None):
