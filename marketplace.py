@@ -275,6 +275,7 @@ class Settings:
     """The settings in force: every Setting's name as an attribute (and, in onchain mode, `onchain`)."""
 
     onchain = None      # the OnChain of a running service: set by Service when --rpc-url is given
+    stripe = None       # the StripeRail of a running service: set by Service when --stripe-secret-key is given
 
     def __init__(self, **values):
         for setting in SETTINGS:
@@ -735,13 +736,13 @@ def escrow_account(job_id):
 
 
 def record_payment(db, job, kind, amount, *, debit, credit, recipient, claim_id=None, status='simulated',
-                   tx_hash=None, raw_tx=None, nonce=None):
+                   tx_hash=None, raw_tx=None, nonce=None, reference=None):
     """Write one payment record and its two ledger entries (debit and credit); return the record."""
     payment = {
         'id': new_id(), 'job_id': job['id'], 'claim_id': claim_id, 'type': kind,
         'amount': amount, 'currency': job['currency'], 'rail': job['rail'],
         'status': status, 'recipient': recipient, 'tx_hash': tx_hash, 'raw_tx': raw_tx, 'nonce': nonce,
-        'broadcast_at': None, 'created_at': now_iso(),
+        'broadcast_at': None, 'created_at': now_iso(), 'reference': reference,
     }
     db.insert('payments', payment)
     for account, signed in ((debit, -amount), (credit, amount)):
@@ -764,13 +765,28 @@ def onchain_job(settings, job):
     return settings.onchain is not None and job['escrow_tx_hash'] is not None
 
 
+def stripe_mode(settings):
+    """Does the stripe rail move real money here (a Stripe secret key is set)? Takes the settings or a Service."""
+    return bool(getattr(settings, 'settings', settings).stripe_secret_key)
+
+
 def real_rails(settings):
-    """The rails that move real money: base in onchain mode (stripe is simulated until its real mode comes)."""
-    return {'base'} if settings.onchain is not None else set()
+    """The rails that move real money: base in onchain mode, stripe in stripe mode."""
+    rails = set()
+    if settings.onchain is not None:
+        rails.add('base')
+    if stripe_mode(settings):
+        rails.add('stripe')
+    return rails
 
 
-def lock_escrow(db, job, funding=None):
-    """Move the job's price (on chain: all the funding transfer brought) from the requester into escrow."""
+def lock_escrow(db, job, funding=None, payment_intent=None):
+    """Move the job's price (on chain: all the funding transfer brought) from the requester into escrow. In
+    stripe mode the money sits in the platform's Stripe balance, paid by `payment_intent` (a Checkout)."""
+    if payment_intent is not None:
+        return record_payment(db, job, 'escrow', cents_to_units(job['amount_cents'], job['currency']),
+                              debit=f'funding:{job["requester_id"]}', credit=escrow_account(job['id']),
+                              recipient='platform', status='confirmed', reference=payment_intent)
     if funding is None:
         return record_payment(db, job, 'escrow', cents_to_units(job['amount_cents'], job['currency']),
                               debit=f'funding:{job["requester_id"]}', credit=escrow_account(job['id']),
@@ -1125,11 +1141,8 @@ def nested_deeper_than(raw, limit):
     return False
 
 
-def read_json_body(optional=False):
-    """The request body as a dict: 413 over 1 MiB, 400 unless it is one JSON object.
-
-    With `optional`, an empty body is an empty object.
-    """
+def read_raw_body():
+    """The request body as bytes, as sent: 413 over 1 MiB."""
     length = request.content_length
     if length > MAX_BODY:
         raise BodyTooLarge()
@@ -1137,6 +1150,15 @@ def read_json_body(optional=False):
     raw = stream.read(length) if length >= 0 else stream.read(MAX_BODY + 1)
     if len(raw) > MAX_BODY:
         raise BodyTooLarge()
+    return raw
+
+
+def read_json_body(optional=False):
+    """The request body as a dict: 413 over 1 MiB, 400 unless it is one JSON object.
+
+    With `optional`, an empty body is an empty object.
+    """
+    raw = read_raw_body()
     if not raw.strip():
         if optional:
             return {}
@@ -1776,15 +1798,20 @@ def read_job_body(body, account):
     return job
 
 
-def create_job(db, settings, fields, funding=None):
+def create_job(db, settings, fields, funding=None, checkout=None):
     """Create an open job and lock its price in escrow, in one transaction. On chain, `funding` is the checked
-    transfer {tx_hash, payer, to, amount}: its hash is used up here, and its payer gets any refunds."""
+    transfer {tx_hash, payer, to, amount}: its hash is used up here, and its payer gets any refunds. In stripe
+    mode, `checkout` is the Checkout Session {id, url, expires_at} opened for the job (fields carry its id): the
+    job waits as pending_payment, nothing locked and nobody told, until the payment opens it (open_paid_job)."""
     moment = now_iso()
-    job = dict(fields, id=new_id(), status='open', escrow_status='locked',
+    job = dict(fields, id=fields.get('id') or new_id(), status='open', escrow_status='locked',
                escrow_tx_hash=funding and funding['tx_hash'], refund_address=funding and funding['payer'],
                requirements=json.dumps(fields['requirements']),
                acceptance_criteria=json.dumps(fields['acceptance_criteria']),
                created_at=moment, updated_at=moment)
+    if checkout:
+        job.update(status='pending_payment', escrow_status='pending', stripe_session_id=checkout['id'],
+                   checkout_url=checkout['url'], checkout_expires_at=checkout['expires_at'])
     with db.transaction():
         if not db.value('SELECT 1 FROM accounts WHERE id = :id', {'id': job['requester_id']}):
             raise NotFound('No account has this id (requesterId).')
@@ -1793,8 +1820,9 @@ def create_job(db, settings, fields, funding=None):
             db.insert('used_payments', {'chain_id': settings.chain_id, 'tx_hash': funding['tx_hash'],
                                         'purpose': 'escrow', 'account_id': job['requester_id'],
                                         'job_id': job['id'], 'created_at': moment})
-        lock_escrow(db, job, funding)
-        queue_event(db, settings, 'job.new', job['id'], agents_wanting(db, job))
+        if not checkout:
+            lock_escrow(db, job, funding)
+            queue_event(db, settings, 'job.new', job['id'], agents_wanting(db, job))
     return get_job(db, job['id'])
 
 
@@ -2174,18 +2202,21 @@ PAYMENT_FIELDS = (
     ('status', 'p.status', lambda payment: payment['status']),
     ('recipient', 'p.recipient', lambda payment: payment['recipient']),
     ('txHash', 'p.tx_hash', lambda payment: payment['tx_hash']),
+    ('reference', 'p.reference', lambda payment: payment['reference']),
     ('createdAt', 'p.created_at', lambda payment: payment['created_at']),
 )
 # GET /api/jobs/:id in one statement: the job, its claims (oldest first) and its payments (in the order money
 # moved), as job_detail builds them in Python; deliverables as :viewer and :admin may read them (reader_params).
-# (A subquery's JSON comes back as text: json() makes it JSON again.)
+# A job still waiting for its payment is there only for its requester and admins. (A subquery's JSON comes back
+# as text: json() makes it JSON again.)
 JOB_DETAIL_SQL = f'''SELECT json_object(
     'job', {JOB_JSON_SQL},
     'claims', json((SELECT json_group_array({json_object_sql(CLAIM_FIELDS)} ORDER BY c.created_at, c.rowid)
                     FROM claims c WHERE c.job_id = j.id)),
     'payments', json((SELECT json_group_array({json_object_sql(PAYMENT_FIELDS)} ORDER BY p.seq)
                       FROM payments p WHERE p.job_id = j.id)))
-    FROM ({JOB_SELECT} WHERE j.id = :id) j'''
+    FROM ({JOB_SELECT} WHERE j.id = :id
+          AND (j.status != 'pending_payment' OR :admin OR j.requester_id = :viewer)) j'''
 
 
 def claim_json(claim, readable):
@@ -2486,6 +2517,226 @@ def vote_json(vote):
 
 
 ###############################################################################
+# The stripe rail: jobs paid through Stripe Checkout ##########################
+###############################################################################
+
+# In stripe mode (CONTRACT.md 12) a job on rail stripe is paid through a Stripe Checkout Session and waits as
+# pending_payment (hidden from everyone but its requester and admins) until Stripe says it is paid: by a signed
+# webhook event, or when the sweep asks. Then it opens with its price locked in escrow, the money held in the
+# platform's Stripe balance. stripe_rail.py alone talks to Stripe; nothing here calls it inside a transaction.
+
+STRIPE_RETRY_AFTER = '30'       # seconds a client waits before posting again when Stripe fails
+STRIPE_MIN_CENTS = 50           # the least a Checkout Session in usd may charge
+STRIPE_NEEDS_WEBHOOK_SECRET = ('--stripe-secret-key needs --stripe-webhook-secret (whsec_...): without it no payment '
+                               'event can be checked, and no job paid by card would open')
+
+
+def open_stripe_rail(settings):
+    """The StripeRail of a service in stripe mode, else None (the stripe library loads only in stripe mode)."""
+    if not stripe_mode(settings):
+        return None
+    from stripe_rail import StripeRail
+    return StripeRail(settings.stripe_secret_key, settings.stripe_webhook_secret, api_base=settings.stripe_api_base)
+
+
+def provider_unavailable(exc):
+    """The answer when a call to Stripe fails or is refused: 503 payment_provider_unavailable with Retry-After."""
+    log.warning('stripe call failed: %s %s', type(exc).__name__, getattr(exc, 'code', None) or '')
+    return Unavailable('The payment provider (Stripe) did not answer as it should; nothing was stored. Retry '
+                       'in a moment.', code='payment_provider_unavailable', headers={'Retry-After': STRIPE_RETRY_AFTER})
+
+
+def unix_iso(seconds):
+    """Unix seconds (as Stripe gives times) as an ISO time."""
+    return iso(datetime.fromtimestamp(int(seconds), timezone.utc))
+
+
+def create_checkout_job(svc, fields):
+    """POST /api/jobs on rail stripe in stripe mode: open the job's Checkout Session (network, before any
+    transaction), then store the job pending_payment (create_job); return (job, the URL where to pay)."""
+    settings = svc.settings
+    expires = now() + timedelta(minutes=settings.stripe_checkout_minutes)
+    if fields['deadline'] <= iso(expires):
+        raise ValidationFailed(fields={'deadline': f'must be after the payment window closes ({iso(expires)}, '
+                                                   f'{settings.stripe_checkout_minutes} minutes from now)'})
+    if fields['amount_cents'] < STRIPE_MIN_CENTS:
+        raise ValidationFailed(fields={'paymentAmount': 'must be at least 0.50 to be paid by card (Stripe Checkout '
+                                                        'takes no less)'})
+    if not svc.db.value('SELECT 1 FROM accounts WHERE id = :id', {'id': fields['requester_id']}):
+        raise NotFound('No account has this id (requesterId).')      # before Stripe is asked for anything
+    from stripe_rail import StripeRefused, StripeUnavailable
+    job_id = new_id()
+    page = f'{settings.base_url}/jobs/{job_id}'
+    try:
+        checkout = svc.stripe.open_checkout(job_id=job_id, title=fields['title'], amount_cents=fields['amount_cents'],
+                                            expires_at=int(expires.timestamp()), success_url=page, cancel_url=page)
+    except (StripeUnavailable, StripeRefused) as exc:
+        raise provider_unavailable(exc) from None
+    job = create_job(svc.db, settings, dict(fields, id=job_id),
+                     checkout=dict(checkout, expires_at=unix_iso(checkout['expires_at'])))
+    return job, checkout['url']
+
+
+def checkout_job_id(session):
+    """The job a Checkout Session pays for: its client_reference_id and metadata.job_id, which must agree."""
+    reference = session.get('client_reference_id')
+    tagged = session.get('job_id') or (session.get('metadata') or {}).get('job_id')
+    if reference and tagged and reference != tagged:
+        return None
+    return reference or tagged
+
+
+def checkout_outcome(session):
+    """What a Checkout Session as Stripe shows it now means: 'paid', 'unpaid' (expired) or None (not yet)."""
+    if session.get('status') == 'complete' and session.get('payment_status') == 'paid':
+        return 'paid'
+    return 'unpaid' if session.get('status') == 'expired' else None
+
+
+def checkout_problem(job, session):
+    """Why a paid Checkout Session does not open this job, or None when it does."""
+    if job['stripe_session_id'] != session['id']:
+        return f'the session {session["id"]} is not the one opened for the job'
+    if session.get('amount_total') != job['amount_cents'] or str(session.get('currency')).lower() != 'usd':
+        return (f'it paid {session.get("amount_total")} {session.get("currency")}, not {job["amount_cents"]} usd '
+                '(cents)')
+    if not session.get('payment_intent'):
+        return 'it names no PaymentIntent'
+    if job['status'] != 'pending_payment':
+        return f'the job is {job["status"]} already'
+    return None
+
+
+def stripe_event_seen(db, event_id):
+    return db.value('SELECT 1 FROM stripe_events WHERE id = :id', {'id': event_id}) is not None
+
+
+def record_stripe_event(db, event, job_id=None, summary=None):
+    """Mark a Stripe event applied, in the transaction of its effect; `summary` goes on the job's timeline."""
+    db.insert('stripe_events', {'id': event['id'], 'type': event['type'], 'job_id': job_id, 'summary': summary,
+                                'created_at': now_iso()})
+
+
+def open_paid_job(db, settings, job, session):
+    """A pending job is paid: it opens with its price locked in escrow (the PaymentIntent as the escrow record's
+    reference, its charge kept for the transfers) and job.new goes out, as for any new job."""
+    db.execute('''UPDATE jobs SET status = 'open', escrow_status = 'locked', payment_intent = :intent,
+                  stripe_charge = :charge, updated_at = :now WHERE id = :id''',
+               {'intent': session['payment_intent'], 'charge': session.get('charge'), 'now': now_iso(),
+                'id': job['id']})
+    lock_escrow(db, job, payment_intent=session['payment_intent'])
+    queue_event(db, settings, 'job.new', job['id'], agents_wanting(db, job))
+
+
+def settle_checkout(db, settings, session, outcome, event=None):
+    """Apply what Stripe says of a Checkout Session in one transaction, with the event's stripe_events row (so it
+    applies once): `paid` opens the pending job it was opened for, `unpaid` cancels it (nothing was locked, its
+    escrowStatus stays pending); anything that does not fit changes nothing and is logged.
+    Returns (opened | cancelled | unchanged | duplicate, the job's id or None)."""
+    with db.transaction():
+        if event and stripe_event_seen(db, event['id']):
+            return 'duplicate', None
+        job = db.row(f'{JOB_SELECT} WHERE j.id = :id', {'id': checkout_job_id(session)})
+        result, summary = 'unchanged', None
+        if job is None:
+            log.warning('stripe: Checkout Session %s is for no job here; nothing opens', session.get('id'))
+        elif outcome == 'paid':
+            problem = checkout_problem(job, session)
+            if problem is None:
+                open_paid_job(db, settings, job, session)
+                result, summary = 'opened', f'Paid through Stripe Checkout ({session["payment_intent"]})'
+            else:
+                log.warning('stripe: a payment does not open job %s: %s', job['id'], problem)
+                summary = f'A payment that did not open the job: {problem}'
+        elif outcome == 'unpaid' and job['status'] == 'pending_payment' and job['stripe_session_id'] == session['id']:
+            set_job_status(db, job['id'], 'cancelled')
+            result = 'cancelled'
+            summary = 'The payment failed' if session.get('status') == 'complete' else 'The Checkout Session expired unpaid'
+        if event:
+            record_stripe_event(db, event, job and job['id'], summary)
+    return result, job and job['id']
+
+
+def on_checkout_paid(db, settings, event):
+    """checkout.session.completed (paid now, or later by an async payment) and async_payment_succeeded: the
+    session as Stripe shows it now (with its charge; network, before the transaction) opens its job."""
+    session = event['object']
+    if stripe_event_seen(db, event['id']):
+        return 'duplicate', None
+    if event['type'] == 'checkout.session.completed' and session.get('payment_status') != 'paid':
+        return settle_checkout(db, settings, session, None, event)      # an async payment is on its way
+    session = settings.stripe.checkout_session(session['id'])
+    return settle_checkout(db, settings, session, checkout_outcome(session), event)
+
+
+def on_checkout_unpaid(db, settings, event):
+    """checkout.session.expired and async_payment_failed: the pending job is cancelled."""
+    return settle_checkout(db, settings, event['object'], 'unpaid', event)
+
+
+def on_charge_event(db, settings, event):
+    """charge.refunded and charge.dispute.created: recorded on the job (its timeline), which does not change."""
+    thing = event['object']
+    charge = thing.get('charge') if event['type'].startswith('charge.dispute') else thing.get('id')
+    group = thing.get('transfer_group') or ''
+    with db.transaction():
+        if stripe_event_seen(db, event['id']):
+            return 'duplicate', None
+        job_id = db.value('''SELECT id FROM jobs WHERE id = :group OR stripe_charge = :charge
+                             OR payment_intent = :intent LIMIT 1''',
+                          {'group': group.removeprefix('job_'), 'charge': charge, 'intent': thing.get('payment_intent')})
+        if event['type'] == 'charge.refunded':
+            summary = f'Stripe refunded {format_cents(thing.get("amount_refunded") or 0)} USD of charge {charge}'
+        else:
+            summary = (f'The payer disputed charge {charge} ({format_cents(thing.get("amount") or 0)} USD, '
+                       f'{thing.get("reason") or "no reason given"}): answer it in the Stripe Dashboard')
+        if job_id is None:
+            log.warning('stripe: %s for no job here: %s', event['type'], summary)
+        record_stripe_event(db, event, job_id, summary)
+    return 'recorded', job_id
+
+
+# What each Stripe event does (account.updated, for workers' payouts, comes with them): (db, settings, event) ->
+# (what happened, the job's id). Other types are answered 200 and ignored, not recorded.
+STRIPE_EVENTS = {
+    'checkout.session.completed': on_checkout_paid,
+    'checkout.session.async_payment_succeeded': on_checkout_paid,
+    'checkout.session.expired': on_checkout_unpaid,
+    'checkout.session.async_payment_failed': on_checkout_unpaid,
+    'charge.refunded': on_charge_event,
+    'charge.dispute.created': on_charge_event,
+}
+
+
+def apply_stripe_event(db, settings, event):
+    """Apply one checked Stripe event, once by its id: (what happened, the job's id or None)."""
+    handler = STRIPE_EVENTS.get(event['type'])
+    return handler(db, settings, event) if handler else ('ignored', None)
+
+
+def reconcile_checkouts(db, settings):
+    """Lost webhooks: ask Stripe for the session of every job pending_payment for over a minute and apply it as
+    its event would (paid: opens; expired: cancelled). Network first, then one transaction per job."""
+    result = {'checked': 0, 'failed': 0, 'opened': [], 'cancelled': []}
+    from stripe_rail import StripeRefused, StripeUnavailable
+    pending = db.rows('''SELECT id, stripe_session_id FROM jobs WHERE status = 'pending_payment'
+                         AND created_at <= :before ORDER BY seq''', {'before': iso(now() - timedelta(minutes=1))})
+    for job in pending:
+        time.sleep(0)     # under gevent, let requests in between
+        try:
+            session = settings.stripe.checkout_session(job['stripe_session_id'])
+        except (StripeUnavailable, StripeRefused) as exc:
+            log.warning('sweep: the Checkout Session of job %s could not be read (%s)', job['id'], type(exc).__name__)
+            result['failed'] += 1
+            continue
+        result['checked'] += 1
+        outcome, job_id = settle_checkout(db, settings, session, checkout_outcome(session))
+        if outcome in ('opened', 'cancelled'):
+            result[outcome].append(job_id)
+    return result
+
+
+###############################################################################
 # Sweeps: expiry and auto-verification ########################################
 ###############################################################################
 
@@ -2579,11 +2830,14 @@ def auto_verify_deliveries(db, settings):
 
 def run_sweeps(db, settings):
     """Both sweeps once (expiry first, so that an overdue job with nothing delivered cannot be approved);
-    on chain, then send the new payouts and confirm the pending ones."""
+    on chain, then send the new payouts and confirm the pending ones; in stripe mode, then settle the Checkout
+    Sessions of jobs still pending_payment (reconcile_checkouts: their `opened` jobs are the caller's to publish)."""
     result = {'expire': expire_overdue_jobs(db, settings), 'autoVerify': auto_verify_deliveries(db, settings)}
     if settings.onchain:
         settings.onchain.broadcast(db)
         result['payouts'] = settings.onchain.confirm(db)
+    if settings.stripe:
+        result['checkouts'] = reconcile_checkouts(db, settings)
     return result
 
 
@@ -2595,7 +2849,9 @@ def find_jobs(db, *, match=None, category=None, status=None, min_pay=None, sort=
     """The seqs of a page of the jobs that match the filters, in order, and their total; `match` is an FTS5
     query (see fts_query). Sorting and paging run over the keys alone: sorting thousands of text matches with
     every column (and the claim count) along took 15 ms a search (make bench). Text alone is ranked in jobs_fts
-    without reading jobs; a total filtered by category and status alone is read from job_counts."""
+    without reading jobs; a total filtered by category and status alone is read from job_counts. A job waiting
+    for its payment (pending_payment) is never listed: without a status filter it is filtered out of the rows read
+    in index order, and of the totals (ranked text alone leaves out the few pending rowids, read from jobs_status)."""
     source, where, params = 'jobs j', [], {'limit': limit, 'offset': offset}
     if match is not None:
         source = 'jobs_fts JOIN jobs j ON j.seq = jobs_fts.rowid'
@@ -2607,16 +2863,20 @@ def find_jobs(db, *, match=None, category=None, status=None, min_pay=None, sort=
     if status:
         where.append('j.status = :status')
         params['status'] = status
+    else:
+        where.append("j.status != 'pending_payment'")
     if min_pay is not None:
         where.append('j.amount_cents >= :min_pay')
         params['min_pay'] = min_pay
     clause = (' WHERE ' + ' AND '.join(where)) if where else ''
     key, order = 'j.seq', 'bm25(jobs_fts, 4.0, 1.0), j.seq DESC' if sort == 'relevance' else JOB_SORTS[sort]
-    if match is not None and len(where) == 1 and sort == 'relevance':     # text alone: rank without reading jobs
-        source, key, order = 'jobs_fts', 'rowid', 'bm25(jobs_fts, 4.0, 1.0), rowid DESC'
+    if match is not None and len(where) == 2 and not status and sort == 'relevance':    # text alone: rank without
+        source, key, order = 'jobs_fts', 'rowid', 'bm25(jobs_fts, 4.0, 1.0), rowid DESC'    # reading jobs
+        clause = " WHERE jobs_fts MATCH :match AND rowid NOT IN (SELECT seq FROM jobs WHERE status = 'pending_payment')"
     if match is None and min_pay is None:       # job_counts has the totals by category and status
         total = db.value('''SELECT coalesce(sum(jobs), 0) FROM job_counts WHERE coalesce(:category, category) = category
-                            AND coalesce(:status, status) = status''', {'category': category, 'status': status})
+                            AND coalesce(:status, status) = status AND status != 'pending_payment' ''',
+                         {'category': category, 'status': status})
     else:
         total = db.value(f'SELECT count(*) FROM {source}{clause}', params)
     page = [row[0] for row in db.conn.execute(
@@ -3560,7 +3820,9 @@ def health():
     except apsw.Error:
         connected = False
     health = {'status': 'ok' if connected else 'unavailable', 'version': __version__,
-              'dbConnected': connected, 'payments': 'onchain' if svc.settings.onchain else 'simulated'}
+              'dbConnected': connected, 'payments': 'onchain' if svc.settings.onchain else 'simulated',
+              'rails': {'base': 'onchain' if svc.settings.onchain else 'simulated',
+                        'stripe': 'stripe' if svc.stripe else 'simulated'}}
     if svc.settings.onchain:
         health['chain'] = svc.settings.onchain.health()
     if not connected:
@@ -3617,7 +3879,7 @@ def post_x402():
 @route('GET', '/api/stats')
 def stats():
     db = service().db
-    counts = db.row('''SELECT count(*) AS total,
+    counts = db.row('''SELECT coalesce(sum(status != 'pending_payment'), 0) AS total,
         coalesce(sum(status = 'open'), 0) AS open, coalesce(sum(status = 'completed'), 0) AS completed
         FROM jobs''')
     released = {row['currency']: row['amount'] for row in db.rows(
@@ -4180,6 +4442,10 @@ def post_job():
         # simulated money must not mix with real money: free jobs would farm the reputation real ones earn
         raise BadRequest(f'Rail {fields["rail"]} is only simulated on this service, which moves real money on '
                          f'{" and ".join(sorted(real))}: post the job there.', code='rail_unavailable')
+    if svc.stripe and fields['rail'] == 'stripe':       # pending until paid: nobody sees it yet
+        job, checkout_url = create_checkout_job(svc, fields)
+        response.status = 201
+        return {'job': job_json(job, svc.settings.base_url), 'checkoutUrl': checkout_url}
     if svc.settings.onchain and fields['rail'] == 'base':
         job, created = create_funded_job(svc, fields, body, account)
     else:
@@ -4276,6 +4542,30 @@ def post_release(job_id, claim_id):
     return {'claim': claim_json(claim, True), 'job': job_json(job, svc.settings.base_url)}     # the requester's
 
 
+# Stripe's events ---------------------------------------------------------------
+
+@route('POST', '/api/stripe/webhook', limit=None)
+def post_stripe_webhook():
+    """An event from Stripe, checked by its signature, applied once (STRIPE_EVENTS); 200 once its change commits.
+    Not rate-limited: a bad signature costs one HMAC and touches nothing, and Stripe's own events must not drop."""
+    svc = service()
+    if svc.stripe is None:
+        raise NotFound('The stripe rail is simulated on this service: it takes no Stripe events.')
+    from stripe_rail import InvalidSignature, StripeRefused, StripeUnavailable
+    try:
+        event = svc.stripe.event(read_raw_body(), request.get_header('Stripe-Signature', ''))
+    except InvalidSignature:
+        raise BadRequest('The Stripe-Signature header is missing or does not sign this body with the webhook '
+                         'secret.', code='invalid_signature') from None
+    try:
+        outcome, job_id = apply_stripe_event(svc.db, svc.settings, event)
+    except (StripeUnavailable, StripeRefused) as exc:
+        raise provider_unavailable(exc) from None       # not applied: Stripe sends it again later
+    if outcome == 'opened':
+        svc.hub.publish(get_job(svc.db, job_id))        # committed: now the live streams may see it
+    return {'received': True, 'eventId': event['id'], 'outcome': outcome, 'jobId': job_id}
+
+
 # Search, matching and the stream ---------------------------------------------
 
 MAX_QUERY_LENGTH = 500
@@ -4344,6 +4634,8 @@ def get_agent_matches():
     job = None
     if query.get('job_id'):
         job = get_job(db, parse_uuid(query['job_id'], 'job_id'))
+        if job['status'] == 'pending_payment':
+            raise NotFound('No job has this id.')       # not matched before it is paid
         category, languages, min_reputation = job['category'], job_languages(job), job['min_reputation']
     else:
         category = query_choice(query, 'category', CATEGORIES)
@@ -4613,7 +4905,7 @@ PAYMENT_EVENTS = {'escrow': 'Escrow locked', 'release': 'Paid to the worker', 'r
 
 
 # The order of a job's steps that happen in the same millisecond (one transaction), by what happened
-STEP_ORDER = ('Posted', 'Escrow locked', 'Claimed', 'Delivered', 'Disputed', 'Dispute decided', 'Approved',
+STEP_ORDER = ('Posted', 'Stripe', 'Escrow locked', 'Claimed', 'Delivered', 'Disputed', 'Dispute decided', 'Approved',
               'Rejected', 'Claim expired', 'Paid to the worker', 'Operator fee', 'Refunded to the requester',
               'Cancelled', 'Expired')
 
@@ -4622,10 +4914,12 @@ def step_rank(what):
     return next((rank for rank, step in enumerate(STEP_ORDER) if what.startswith(step)), len(STEP_ORDER))
 
 
-def job_timeline(job, claims, disputes, payments, names):
-    """What happened to a job, oldest first (steps of one moment in the order they happen): [{at, what, detail}]."""
+def job_timeline(job, claims, disputes, payments, names, notes=()):
+    """What happened to a job, oldest first (steps of one moment in the order they happen): [{at, what, detail}].
+    `notes` are what Stripe said of it (stripe_events rows with a summary)."""
     events = [{'at': job['createdAt'], 'what': 'Posted',
                'detail': f'{job["paymentAmount"]} {job["paymentCurrency"]}, due {when(job["deadline"])}'}]
+    events += [{'at': note['created_at'], 'what': 'Stripe', 'detail': note['summary']} for note in notes]
     for claim in claims:
         agent = names.get(claim['agentId'], 'an agent')
         events.append({'at': claim['createdAt'], 'what': 'Claimed', 'detail': f'by {agent}'})
@@ -4708,10 +5002,17 @@ def job_page(job_id):
     """A job: what it asks, what happened to it (a timeline), its claims, deliverables and payments."""
     svc = service()
     detail = job_detail(svc.db, parse_uuid(job_id, 'jobId'), svc.settings.base_url)
+    if detail['job']['status'] == 'pending_payment':
+        # a page has no key: a job waiting for its payment is hidden as an unknown id is, but the requester coming
+        # back from Stripe Checkout (its success and cancel URLs are this page) is told why
+        raise NotFound('No job has this id yet: a job paid by card shows here once Stripe confirms the payment '
+                       '(reload in a minute).')
     disputes = [dispute_json(d, svc.settings) for d in svc.db.rows(
         f'{DISPUTE_SELECT} WHERE d.job_id = :id ORDER BY d.created_at', {'id': detail['job']['id']})]
     names = agent_names(svc.db, [claim['agentId'] for claim in detail['claims']])
-    timeline = job_timeline(detail['job'], detail['claims'], disputes, detail['payments'], names)
+    notes = svc.db.rows('''SELECT created_at, summary FROM stripe_events WHERE job_id = :id AND summary IS NOT NULL
+                           ORDER BY created_at''', {'id': detail['job']['id']})
+    timeline = job_timeline(detail['job'], detail['claims'], disputes, detail['payments'], names, notes)
     return render('job', title=detail['job']['title'], names=names, disputes=disputes, timeline=timeline, **detail)
 
 
@@ -4827,7 +5128,9 @@ PRICING_SCHEMA = {'type': 'object', 'properties': {
 
 JOB_SCHEMA = closed_object({
     'id': UUID_SCHEMA,
-    'status': JOB_STATUS_SCHEMA,
+    'status': {'type': 'string', 'enum': ['pending_payment', *JOB_STATUSES],
+               'description': 'pending_payment (stripe mode): waiting for its Stripe Checkout payment, shown only to '
+                              'its requester and admins; it opens when paid and is cancelled when the session expires.'},
     'title': {'type': 'string', 'minLength': 1, 'maxLength': 200},
     'description': {'type': 'string', 'minLength': 1, 'maxLength': 20_000},
     'category': CATEGORY_SCHEMA,
@@ -4844,7 +5147,8 @@ JOB_SCHEMA = closed_object({
     'claimTimeoutHours': {'type': 'integer', 'minimum': 1, 'maximum': 720,
                           'description': 'Hours a claim may stay undelivered before it expires and frees its slot.'},
     'minReputation': MONEY_SCHEMA,
-    'escrowStatus': {'type': 'string', 'enum': ['locked', 'released', 'refunded']},
+    'escrowStatus': {'type': 'string', 'enum': ['pending', 'locked', 'released', 'refunded'],
+                     'description': 'pending: nothing locked yet (a job waiting for its payment, or cancelled unpaid).'},
     'escrowTxHash': nullable(TX_HASH_SCHEMA),
     'claimCount': dict(COUNT_SCHEMA, description='Active claims: claimed, delivered or disputed.'),
     'createdAt': TIME_SCHEMA,
@@ -4915,8 +5219,10 @@ API_SCHEMAS = {
         'recipient': {'type': 'string', 'description': "A wallet address, an agent or account id, 'escrow' or "
                                                        "'operator'."},
         'txHash': nullable(TX_HASH_SCHEMA),
+        'reference': nullable({'type': 'string', 'examples': ['pi_3Nx']}),
         'createdAt': TIME_SCHEMA,
-    }),
+    }, description="reference: on rail stripe in stripe mode, the Stripe object that moved the money (the escrow's "
+                   "PaymentIntent); txHash: on chain. recipient 'platform': held in the platform's Stripe balance."),
     'Account': closed_object({
         'id': UUID_SCHEMA,
         'name': {'type': 'string', 'minLength': 1, 'maxLength': 100},
@@ -5160,7 +5466,12 @@ API_SCHEMAS = {
         'status': {'type': 'string', 'enum': ['ok', 'unavailable']},
         'version': {'type': 'string', 'examples': [__version__]},
         'dbConnected': {'type': 'boolean'},
-        'payments': {'type': 'string', 'enum': ['simulated', 'onchain']},
+        'payments': {'type': 'string', 'enum': ['simulated', 'onchain'], 'description': 'The base rail (as rails.base).'},
+        'rails': closed_object({
+            'base': {'type': 'string', 'enum': ['simulated', 'onchain']},
+            'stripe': {'type': 'string', 'enum': ['simulated', 'stripe']},
+        }, description='How each rail moves money: simulated (ledger entries only), onchain (USDC on Base) or stripe '
+                       '(USD through Stripe).'),
         'error': {'type': 'string', 'description': 'Only on the 503: what is wrong.'},
         'code': {'type': 'string', 'enum': ['unavailable'], 'description': 'Only on the 503.'},
         'chain': closed_object({
@@ -5241,7 +5552,21 @@ API_SCHEMAS = {
         'jobs': {'type': 'array', 'items': schema_ref('Job')},
         'total': COUNT_SCHEMA, 'limit': {'type': 'integer', 'minimum': 1, 'maximum': 200}, 'offset': COUNT_SCHEMA,
     }),
-    'JobResult': closed_object({'job': schema_ref('Job')}),
+    'JobResult': closed_object({
+        'job': schema_ref('Job'),
+        'checkoutUrl': dict(URL_SCHEMA, description='Only for a job on rail stripe in stripe mode: where its requester '
+                                                    'pays (Stripe Checkout) for the job to open.'),
+    }, optional=('checkoutUrl',)),
+    'StripeEvent': {'type': 'object', 'required': ['id', 'type'],
+                    'description': "A Stripe event exactly as Stripe sends it (its raw body is what is signed)."},
+    'StripeEventResult': closed_object({
+        'received': {'type': 'boolean', 'enum': [True]},
+        'eventId': {'type': 'string'},
+        'outcome': {'type': 'string', 'enum': ['opened', 'cancelled', 'recorded', 'unchanged', 'duplicate', 'ignored'],
+                    'description': 'What the event did: opened or cancelled its pending job, recorded on a job, '
+                                   'changed nothing, was applied before (duplicate), or is of a type not used.'},
+        'jobId': nullable(UUID_SCHEMA),
+    }),
     'JobDetail': closed_object({
         'job': schema_ref('Job'),
         'claims': {'type': 'array', 'items': schema_ref('Claim'), 'description': 'Oldest first.'},
@@ -5482,6 +5807,20 @@ API_OPERATIONS = {
                   {'name': 'sort', 'schema': {'type': 'string', 'enum': list(JOB_SORTS), 'default': 'newest'},
                    'description': 'Order of the list; `deadline` is soonest first.'}, LIMIT_PARAM, OFFSET_PARAM],
         'ok': (200, 'JobList'), 'errors': (400, 429)},
+    ('POST', '/api/stripe/webhook'): {
+        'summary': "Stripe's events: a job paid by card opens, an unpaid one is cancelled", 'tags': ['Payments'],
+        'headers': [{'name': 'Stripe-Signature', 'required': True, 'schema': {'type': 'string'},
+                     'description': "Stripe's signature of the raw body with the endpoint's secret (whsec_...)."}],
+        'body': 'StripeEvent', 'ok': (200, 'StripeEventResult'), 'errors': (400, 404, 413, 503),
+        'description': 'For Stripe only, in stripe mode (404 otherwise); no API key and no rate limit. 400 '
+                       '`invalid_signature` when the signature is missing, wrong or over 300 s old: nothing changes. '
+                       'Each event applies once by its id, in any order; 200 after its change commits (also for a '
+                       'duplicate and for the types not used). checkout.session.completed (paid) and '
+                       'async_payment_succeeded open the job the session was opened for when it paid its price in '
+                       'usd; checkout.session.expired and async_payment_failed cancel it; charge.refunded and '
+                       "charge.dispute.created are recorded on the job's timeline. 503 "
+                       '`payment_provider_unavailable` when Stripe cannot be asked for the session: the event is '
+                       'not applied and Stripe sends it again.'},
     ('POST', '/api/jobs'): {
         'summary': 'Post a job and lock its payment in escrow', 'tags': ['Jobs'], 'auth': 'key',
         'body': 'JobCreate', 'ok': (201, 'JobResult'), 'errors': (400, 401, 402, 403, 404, 409, 413, 429, 503),
@@ -5493,7 +5832,12 @@ API_OPERATIONS = {
                        'another payment code when it does not check out; 409 `payment_replayed` when the hash paid '
                        'for something else; 503 `chain_unavailable`. Every such refusal carries fundingTypedData. '
                        'There a job on rail stripe, still simulated, gets 400 `rail_unavailable` (unless '
-                       '--allow-simulated-rails).'},
+                       '--allow-simulated-rails).\n\nIn stripe mode a job on rail stripe is created '
+                       '`pending_payment` (escrowStatus `pending`) with `checkoutUrl`, a Stripe Checkout page where '
+                       'its requester pays; it is hidden from everyone else and opens when Stripe says it is paid. '
+                       'Its deadline must be after the payment window closes (400 `validation_failed`); 503 '
+                       '`payment_provider_unavailable` (with Retry-After) when Stripe fails, and nothing is stored. '
+                       'There a job on a simulated base rail gets 400 `rail_unavailable`.'},
     ('GET', '/api/jobs/search'): {
         'summary': 'Full-text search over job titles and descriptions', 'tags': ['Discovery', 'Jobs'],
         'query': [{'name': 'q', 'schema': {'type': 'string', 'maxLength': 500},
@@ -5528,7 +5872,9 @@ API_OPERATIONS = {
         'ok_description': 'The feed; each item links to the job page.', 'errors': (400, 429)},
     ('GET', '/api/jobs/<job_id>'): {
         'summary': 'A job with its claims and payment records', 'tags': ['Jobs'],
-        'ok': (200, 'JobDetail'), 'errors': (400, 404, 429)},
+        'ok': (200, 'JobDetail'), 'errors': (400, 404, 429),
+        'description': 'A job still `pending_payment` (stripe mode) is shown only to its requester and admins: '
+                       '404 to everyone else, as an unknown id.'},
     ('GET', '/'): {
         'summary': 'The job board (HTML): open jobs newest first, with filters and a search box', 'tags': ['Pages'],
         'query': [{'name': 'q', 'schema': {'type': 'string', 'maxLength': 500}, 'description': 'Words to search for.'},
@@ -5842,6 +6188,8 @@ class Service:
             raise ValueError(X402_NEEDS_CHAIN)      # before the database file is made
         if settings.x402_price and not settings.x402_pay_to:
             raise ValueError(X402_NEEDS_PAY_TO)
+        if stripe_mode(settings) and not settings.stripe_webhook_secret:
+            raise ValueError(STRIPE_NEEDS_WEBHOOK_SECRET)
         self.settings = settings
         self.db = Database(settings.db)
         self.db.migrate()
@@ -5857,6 +6205,7 @@ class Service:
                 settings.onchain = OnChain(settings)
                 settings.onchain.start(self.db)
             self.x402 = X402(settings) if settings.x402_price else None     # pay per call: needs the chain
+            self.stripe = settings.stripe = open_stripe_rail(settings)          # None: the stripe rail is simulated
         except BaseException:
             self.db.close()
             raise
@@ -6055,10 +6404,14 @@ def sweep_forever(service):
         gevent.sleep(service.settings.sweep_interval)
         try:
             result = run_sweeps(service.db, service.settings)
+            for job_id in result.get('checkouts', {}).get('opened', ()):
+                service.hub.publish(get_job(service.db, job_id))        # paid, and its event never came
         except Exception:
             log.exception('sweep failed; trying again in %s s', service.settings.sweep_interval)
             continue
-        if result['expire']['expired'] or result['expire']['reputationPenalties'] or result['autoVerify']['autoApproved']:
+        checkouts = result.get('checkouts', {})
+        if (result['expire']['expired'] or result['expire']['reputationPenalties'] or result['autoVerify']['autoApproved']
+                or checkouts.get('opened') or checkouts.get('cancelled')):
             log.info('sweep: %s', json.dumps(result))
 
 

@@ -43,6 +43,7 @@ OPEN = {
     ('POST', '/api/accounts'): 201,
     ('POST', '/api/agents/register'): 201,
     ('POST', '/api/x402'): 200,
+    ('POST', '/api/stripe/webhook'): 200,     # CONTRACT.md 12: Stripe's signature instead of a key
 }
 
 DELIVERABLE = {'type': 'url', 'url': 'https://example.com/out'}
@@ -919,6 +920,12 @@ def test_the_x402_check_needs_no_key(x402_client, caller):
 def test_the_x402_check_without_x402_is_404_not_401(client):
     """With nothing priced POST /api/x402 answers 404 `not_priced`, never a 401: it takes no key."""
     assert_error(client.post('/api/x402', headers={'X-PAYMENT': 'bm90LWpzb24='}), 404, 'not_priced')
+
+
+def test_the_stripe_webhook_without_stripe_is_404_not_401(client):
+    """Without a Stripe key POST /api/stripe/webhook answers 404, never a 401: it takes no key (its 200 for
+    every caller: tests/test_stripe_funding.py)."""
+    assert_error(client.post('/api/stripe/webhook', b'{}', headers={'Stripe-Signature': 't=1,v1=00'}), 404, 'not_found')
 
 
 def test_closed_registration_refuses_both_open_routes_without_a_key(tmp_path):
