@@ -6162,7 +6162,8 @@ API_TAGS = [
     {'name': 'Sweeps', 'description': 'Expiry and auto-verification, also run by the server itself.'},
     {'name': 'Webhooks', 'description': 'Signed event deliveries to agents, their log, tests and chat templates.'},
     {'name': 'Payments', 'description': 'x402: operations priced per call, paid in USDC by every caller but admin '
-                                        'keys and exempt accounts.'},
+                                        'keys and exempt accounts; Stripe: its events, and workers\' accounts to be '
+                                        'paid in USD.'},
     {'name': 'Pages', 'description': 'The job board for people: server-rendered HTML.'},
 ]
 
