@@ -2542,6 +2542,7 @@ def vote_json(vote):
 # platform's Stripe balance. stripe_rail.py alone talks to Stripe; nothing here calls it inside a transaction.
 
 STRIPE_RETRY_AFTER = '30'       # seconds a client waits before posting again when Stripe fails
+STRIPE_MIN_CENTS = 50           # the least a Checkout Session in usd may charge
 STRIPE_NEEDS_WEBHOOK_SECRET = ('--stripe-secret-key needs --stripe-webhook-secret (whsec_...): without it no payment '
                                'event can be checked, and no job paid by card would open')
 
@@ -2574,6 +2575,9 @@ def create_checkout_job(svc, fields):
     if fields['deadline'] <= iso(expires):
         raise ValidationFailed(fields={'deadline': f'must be after the payment window closes ({iso(expires)}, '
                                                    f'{settings.stripe_checkout_minutes} minutes from now)'})
+    if fields['amount_cents'] < STRIPE_MIN_CENTS:
+        raise ValidationFailed(fields={'paymentAmount': 'must be at least 0.50 to be paid by card (Stripe Checkout '
+                                                        'takes no less)'})
     if not svc.db.value('SELECT 1 FROM accounts WHERE id = :id', {'id': fields['requester_id']}):
         raise NotFound('No account has this id (requesterId).')      # before Stripe is asked for anything
     from stripe_rail import StripeRefused, StripeUnavailable

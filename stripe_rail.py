@@ -43,8 +43,43 @@ class InvalidSignature(Exception):
 def _id(value):
     """The id of an expandable field, whether Stripe answered an id, an object or nothing."""
     if isinstance(value, dict):
-        return value.get('id')
+        return value['id']
     return value
+
+
+def _the_id(answer):
+    return answer['id']
+
+
+def _opened_checkout(session):
+    return {'id': session['id'], 'url': session['url'], 'expires_at': session['expires_at']}
+
+
+def _checkout_state(session):
+    intent = session.get('payment_intent')
+    return {
+        'id': session['id'],
+        'status': session['status'],
+        'payment_status': session['payment_status'],
+        'amount_total': session.get('amount_total'),
+        'currency': session.get('currency'),
+        'client_reference_id': session.get('client_reference_id'),
+        'job_id': (session.get('metadata') or {}).get('job_id'),
+        'payment_intent': _id(intent),
+        'charge': _id(intent.get('latest_charge')) if isinstance(intent, dict) else None,
+    }
+
+
+def _link(link):
+    return {'url': link['url'], 'expires_at': link['expires_at']}
+
+
+def _account_state(account):
+    return {
+        'id': account['id'],
+        'payouts_enabled': bool(account.get('payouts_enabled')),
+        'transfers_active': (account.get('capabilities') or {}).get('transfers') == 'active',
+    }
 
 
 class StripeRail:
@@ -60,10 +95,11 @@ class StripeRail:
             http_client=stripe.RequestsClient(timeout=timeout),
         )
 
-    def _call(self, what, call, *args, **kwargs):
-        """Make one request and turn its answer into a plain dict, or its failure into this module's errors."""
+    def _call(self, what, read, call, *args, **kwargs):
+        """Make one request and `read` what the app needs from its answer (a plain dict); any failure, a
+        malformed answer included, becomes this module's errors."""
         try:
-            return call(*args, **kwargs).to_dict()
+            answer = call(*args, **kwargs).to_dict()
         except (stripe.APIConnectionError, stripe.RateLimitError) as exc:
             log.warning('stripe %s failed: %s: %s', what, type(exc).__name__, exc)
             raise StripeUnavailable(f'Stripe did not answer {what} ({type(exc).__name__}).') from None
@@ -78,13 +114,19 @@ class StripeRail:
             message = getattr(exc, 'user_message', None) or error.get('message') or str(exc)
             log.info('stripe %s refused: HTTP %s %s: %s', what, status, code, message)
             raise StripeRefused(message, code, status) from None
+        try:
+            return read(answer)
+        except (KeyError, TypeError, AttributeError) as exc:
+            log.warning('stripe %s answered a malformed %s: %r', what, answer.get('object'), exc)
+            raise StripeUnavailable(f'Stripe answered {what} with a malformed object ({exc!r}).') from None
 
     # --- Checkout (the requester pays the platform) ---
 
     def open_checkout(self, *, job_id, title, amount_cents, expires_at, success_url, cancel_url):
         """Create a Checkout Session that charges the job's price in USD to the platform; {id, url, expires_at}."""
         job_id = str(job_id)
-        session = self._call('checkout.sessions.create', self.client.v1.checkout.sessions.create, params={
+        create = self.client.v1.checkout.sessions.create
+        return self._call('checkout.sessions.create', _opened_checkout, create, params={
             'mode': 'payment',
             'line_items': [{
                 'quantity': 1,
@@ -97,76 +139,53 @@ class StripeRail:
             'success_url': success_url,
             'cancel_url': cancel_url,
         }, options={'idempotency_key': f'checkout-{job_id}'})
-        return {'id': session['id'], 'url': session['url'], 'expires_at': session['expires_at']}
 
     def checkout_session(self, session_id):
         """Retrieve a Checkout Session with its PaymentIntent expanded: its state, amount and latest charge."""
-        session = self._call('checkout.sessions.retrieve', self.client.v1.checkout.sessions.retrieve,
-                             session_id, params={'expand': ['payment_intent']})
-        intent = session.get('payment_intent')
-        return {
-            'id': session['id'],
-            'status': session.get('status'),
-            'payment_status': session.get('payment_status'),
-            'amount_total': session.get('amount_total'),
-            'currency': session.get('currency'),
-            'client_reference_id': session.get('client_reference_id'),
-            'job_id': (session.get('metadata') or {}).get('job_id'),
-            'payment_intent': _id(intent),
-            'charge': _id(intent.get('latest_charge')) if isinstance(intent, dict) else None,
-        }
+        return self._call('checkout.sessions.retrieve', _checkout_state, self.client.v1.checkout.sessions.retrieve,
+                          session_id, params={'expand': ['payment_intent']})
 
     # --- Connect (workers' accounts) ---
 
     def create_account(self, *, agent_id):
         """Create an Express connected account that can receive transfers; its id (acct_...)."""
-        account = self._call('accounts.create', self.client.v1.accounts.create, params={
+        return self._call('accounts.create', _the_id, self.client.v1.accounts.create, params={
             'type': 'express',
             'capabilities': {'transfers': {'requested': True}},
             'metadata': {'agent_id': str(agent_id)},
         }, options={'idempotency_key': f'account-{agent_id}'})
-        return account['id']
 
     def account_link(self, account_id, *, refresh_url, return_url):
         """Create a one-time onboarding link (account_onboarding) for a connected account; {url, expires_at}."""
-        link = self._call('account_links.create', self.client.v1.account_links.create, params={
+        return self._call('account_links.create', _link, self.client.v1.account_links.create, params={
             'account': account_id,
             'type': 'account_onboarding',
             'refresh_url': refresh_url,
             'return_url': return_url,
         }, options={'idempotency_key': f'account-link-{account_id}-{uuid.uuid4()}'})   # a fresh link each time
-        return {'url': link['url'], 'expires_at': link['expires_at']}
 
     def account(self, account_id):
         """Retrieve a connected account: {id, payouts_enabled, transfers_active}."""
-        account = self._call('accounts.retrieve', self.client.v1.accounts.retrieve, account_id)
-        capabilities = account.get('capabilities') or {}
-        return {
-            'id': account['id'],
-            'payouts_enabled': bool(account.get('payouts_enabled')),
-            'transfers_active': capabilities.get('transfers') == 'active',
-        }
+        return self._call('accounts.retrieve', _account_state, self.client.v1.accounts.retrieve, account_id)
 
     # --- Money out of the platform's balance ---
 
     def send_transfer(self, *, amount_cents, destination, transfer_group, source_transaction, idempotency_key):
         """Transfer USD from the platform balance to a connected account, tied to the funding charge; its id."""
-        transfer = self._call('transfers.create', self.client.v1.transfers.create, params={
+        return self._call('transfers.create', _the_id, self.client.v1.transfers.create, params={
             'amount': int(amount_cents),
             'currency': 'usd',
             'destination': destination,
             'transfer_group': transfer_group,
             'source_transaction': source_transaction,
         }, options={'idempotency_key': str(idempotency_key)})
-        return transfer['id']
 
     def refund(self, *, payment_intent, amount_cents, idempotency_key):
         """Refund part or all of a PaymentIntent to the requester's card; the refund's id."""
-        refund = self._call('refunds.create', self.client.v1.refunds.create, params={
+        return self._call('refunds.create', _the_id, self.client.v1.refunds.create, params={
             'payment_intent': payment_intent,
             'amount': int(amount_cents),
         }, options={'idempotency_key': str(idempotency_key)})
-        return refund['id']
 
     # --- Webhooks ---
 

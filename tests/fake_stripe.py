@@ -2,7 +2,9 @@
 
 It speaks what the real `stripe` library sends (form bodies with bracket keys, Bearer auth with the
 secret key, an Idempotency-Key header) and answers Stripe-shaped JSON and errors. Tests drive it with
-plain methods, not HTTP: complete(), expire(), enable_payouts(), fail_next(), delay_next(), event().
+plain methods, not HTTP: complete(), settle(), expire(), enable_payouts(), fail_next(), delay_next(), event(),
+sign(), and read state with session(), payment_intent(), charge(), account(), transfer_list(), refund_list(),
+posts() and log.
 
     from fake_stripe import fake_stripe, fake_stripe_server   # noqa: F401  (the fixtures)
 
@@ -119,10 +121,9 @@ class FakeStripe:
         class Handler(_Handler):
             pass
         Handler.fake = fake
-        self.server = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(('127.0.0.1', 0), Handler)
         self.url = f'http://127.0.0.1:{self.server.server_address[1]}'
-        threading.Thread(target=self.server.serve_forever, name='fake-stripe', daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), name='fake-stripe', daemon=True).start()
         return self
 
     def stop(self):
@@ -152,8 +153,10 @@ class FakeStripe:
 
     # --- controls for tests ---
 
-    def complete(self, session_id):
-        """Pay an open Checkout Session: a succeeded PaymentIntent and its Charge; the session's JSON."""
+    def complete(self, session_id, *, paid=True):
+        """Pay an open Checkout Session: a succeeded PaymentIntent and its Charge, payment_status paid; with
+        paid=False a delayed payment method instead (status complete, payment_status unpaid, the PaymentIntent
+        processing and its charge pending until settle()). The session's JSON."""
         with self.lock:
             session = self.sessions[session_id]
             if session['status'] != 'open':
@@ -162,20 +165,43 @@ class FakeStripe:
             now = int(time.time())
             intent_id, charge_id = new_id('pi_'), new_id('ch_')
             self.charges[charge_id] = {
-                'id': charge_id, 'object': 'charge', 'amount': session['amount_total'], 'amount_captured':
-                session['amount_total'], 'amount_refunded': 0, 'captured': True, 'created': now,
-                'currency': session['currency'], 'livemode': False, 'metadata': {}, 'paid': True,
-                'payment_intent': intent_id, 'refunded': False, 'status': 'succeeded',
-                'transfer_group': secret['transfer_group'],
+                'id': charge_id, 'object': 'charge', 'amount': session['amount_total'], 'amount_captured': 0,
+                'amount_refunded': 0, 'captured': False, 'created': now, 'currency': session['currency'],
+                'livemode': False, 'metadata': {}, 'paid': False, 'payment_intent': intent_id, 'refunded': False,
+                'status': 'pending', 'transfer_group': secret['transfer_group'],
             }
             self.intents[intent_id] = {
                 'id': intent_id, 'object': 'payment_intent', 'amount': session['amount_total'],
-                'amount_received': session['amount_total'], 'created': now, 'currency': session['currency'],
-                'latest_charge': charge_id, 'livemode': False, 'metadata': secret['intent_metadata'],
-                'status': 'succeeded', 'transfer_group': secret['transfer_group'],
+                'amount_received': 0, 'created': now, 'currency': session['currency'], 'latest_charge': charge_id,
+                'livemode': False, 'metadata': secret['intent_metadata'], 'status': 'processing',
+                'transfer_group': secret['transfer_group'],
             }
-            session.update(status='complete', payment_status='paid', payment_intent=intent_id, url=None)
+            session.update(status='complete', payment_status='unpaid', payment_intent=intent_id, url=None)
+            if paid:
+                self._settle(session, True)
             return self.session(session_id)
+
+    def settle(self, session_id, *, succeeded=True):
+        """End a delayed payment of a completed, unpaid session: paid, or failed (the PaymentIntent then
+        requires_payment_method and its charge failed). The session's JSON."""
+        with self.lock:
+            session = self.sessions[session_id]
+            intent = self.intents.get(session['payment_intent'])
+            if intent is None or intent['status'] != 'processing':
+                raise ValueError(f'session {session_id} has no payment in processing')
+            self._settle(session, succeeded)
+            return self.session(session_id)
+
+    def _settle(self, session, succeeded):
+        intent = self.intents[session['payment_intent']]
+        charge = self.charges[intent['latest_charge']]
+        if succeeded:
+            intent.update(status='succeeded', amount_received=intent['amount'])
+            charge.update(status='succeeded', paid=True, captured=True, amount_captured=charge['amount'])
+            session['payment_status'] = 'paid'
+        else:
+            intent.update(status='requires_payment_method')
+            charge.update(status='failed')
 
     def expire(self, session_id):
         """Expire an open Checkout Session; its JSON."""
@@ -194,12 +220,12 @@ class FakeStripe:
                            capabilities={'transfers': 'active'})
             return self.account(account_id)
 
-    def fail_next(self, n=1, status=500, *, after=False):
-        """Fail the next n requests with HTTP `status` (Stripe's api_error shape) or 'drop' (close the connection
-        without an answer); with after=True each request runs first (its effect and idempotent answer stay),
-        and only its answer is lost."""
+    def fail_next(self, n=1, status=500, *, after=False, body=None):
+        """Fail the next n requests with HTTP `status` (Stripe's api_error shape, or `body`: a dict as JSON, bytes
+        as they are) or 'drop' (close the connection without an answer); with after=True each request runs first
+        (its effect and idempotent answer stay), and only its answer is lost."""
         with self.lock:
-            self._failures.extend([(status, after)] * n)
+            self._failures.extend([(status, after, body)] * n)
 
     def delay_next(self, seconds, n=1):
         """Hold the next n requests for `seconds` before running them (a request held past reset() never runs)."""
@@ -218,10 +244,20 @@ class FakeStripe:
             event['account'] = account
         with self.lock:
             self.events.append(event)
-        payload = json.dumps(event)
-        header = stripe.WebhookSignature.generate_signature_header(
-            payload, secret or self.webhook_secret, timestamp=int(time.time()) if timestamp is None else timestamp)
-        return payload.encode(), header
+        payload = json.dumps(event).encode()
+        return payload, self.sign(payload, timestamp=timestamp, secret=secret)
+
+    def sign(self, payload, *, timestamp=None, secret=None):
+        """The Stripe-Signature header for any body (bytes), made by the stripe library's own helper."""
+        if isinstance(payload, bytes):
+            try:
+                text = payload.decode('utf-8')
+            except UnicodeDecodeError:          # Stripe never sends such a body; a test may
+                text = payload.decode('latin-1')
+        else:
+            text = payload
+        return stripe.WebhookSignature.generate_signature_header(
+            text, secret or self.webhook_secret, timestamp=int(time.time()) if timestamp is None else timestamp)
 
     # --- objects' current JSON ---
 
@@ -420,6 +456,9 @@ class FakeStripe:
             charge = self.charges.get(source)
             if charge is None:
                 raise _missing('charge', source, 'source_transaction')
+            if charge['status'] != 'succeeded':
+                raise StripeFail(400, None, f'The source_transaction {source} has not succeeded '
+                                 f'(it is {charge["status"]}).', 'source_transaction')
             if charge['currency'] != currency:
                 raise StripeFail(400, 'parameter_invalid_string', f'The currency of source_transaction\'s balance '
                                  f'transaction ({charge["currency"]}) must be the same as the transfer currency '
@@ -475,11 +514,19 @@ class FakeStripe:
         return dict(self.refunds[refund_id])
 
 
+class _Server(ThreadingHTTPServer):
+    """A threaded server whose backlog takes a burst of concurrent clients."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+
 class _Handler(BaseHTTPRequestHandler):
     """One HTTP request to the fake, as the stripe library sends it."""
 
     fake = None
     protocol_version = 'HTTP/1.1'
+    disable_nagle_algorithm = True      # headers and body go out in two writes: no 40 ms delayed-ACK stalls
 
     def log_message(self, format, *args):
         pass
@@ -511,17 +558,19 @@ class _Handler(BaseHTTPRequestHandler):
                 form, query, early = {}, {}, fail
             else:
                 early = None
-            fake.log.append({'method': method, 'path': path, 'idempotency_key': key, 'form': form, 'query': query,
-                             'authorization': self.headers.get('Authorization'),
-                             'stripe_version': self.headers.get('Stripe-Version'),
-                             'content_type': self.headers.get('Content-Type'), 'at': time.time()})
+            record = {'method': method, 'path': path, 'idempotency_key': key, 'form': form, 'query': query,
+                      'authorization': self.headers.get('Authorization'),
+                      'stripe_version': self.headers.get('Stripe-Version'),
+                      'content_type': self.headers.get('Content-Type'), 'at': time.time(),
+                      'status': None, 'replayed': False}      # what the fake answered, once it has
+            fake.log.append(record)
         if delay:
             wake.wait(delay)
             with fake.lock:
                 if fake.generation != generation:
                     return self.drop()
         if failure is not None and not failure[1]:
-            return self.fail(failure[0])
+            return self.fail(failure)
         if path.startswith('/c/pay/') or path.startswith('/setup/'):
             return self.send(200, {'object': 'page', 'path': path}, {})
         with fake.lock:
@@ -534,18 +583,21 @@ class _Handler(BaseHTTPRequestHandler):
                 status, body, replayed = fake.answer(method, path, query, form, key)
             except StripeFail as fail:
                 status, body, replayed = fail.status, fail.body, False
+            record.update(status=status, replayed=replayed)
         if failure is not None:
-            return self.fail(failure[0])
+            return self.fail(failure)
         headers = {'Idempotent-Replayed': 'true'} if replayed else {}
         if key is not None and method == 'POST':
             headers['Idempotency-Key'] = key
         self.send(status, body, headers)
 
-    def fail(self, status):
+    def fail(self, failure):
+        status, _, body = failure
         if status == 'drop':
             return self.drop()
-        self.send(int(status), {'error': {'type': 'api_error', 'message': 'An unknown error occurred in the fake.'}},
-                  {'Stripe-Should-Retry': 'true'})
+        if body is None:
+            body = {'error': {'type': 'api_error', 'message': 'An unknown error occurred in the fake.'}}
+        self.send(int(status), body, {'Stripe-Should-Retry': 'true'})
 
     def drop(self):
         """Close the connection with no answer at all."""
@@ -556,7 +608,7 @@ class _Handler(BaseHTTPRequestHandler):
             pass
 
     def send(self, status, body, headers):
-        data = json.dumps(body).encode()
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
         self.send_header('Content-Type', 'application/json')
         self.send_header('Content-Length', str(len(data)))

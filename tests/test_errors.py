@@ -15,11 +15,12 @@ JSON_TYPE = 'application/json; charset=utf-8'
 SNAKE = re.compile(r'^[a-z]+(_[a-z]+)*$')
 
 WRITES = ('POST', 'PATCH')
-# POST routes that need no API key (open registration; checking an x402 payment).
-NO_KEY = {'/api/accounts', '/api/agents/register', '/api/x402'}
+# POST routes that need no API key (open registration; checking an x402 payment; Stripe's events, signed).
+NO_KEY = {'/api/accounts', '/api/agents/register', '/api/x402', '/api/stripe/webhook'}
 # POST routes that take no body at all (cancel's body is optional but still parsed; POST /api/x402 reads the
-# payment from its X-PAYMENT header).
-NO_BODY = {'/api/x402'}
+# payment from its X-PAYMENT header), or whose raw body is checked by its signature before it is parsed (Stripe's
+# events: tests/test_stripe_funding.py).
+NO_BODY = {'/api/x402', '/api/stripe/webhook'}
 
 
 def header(answer_headers, name):

@@ -141,6 +141,7 @@ def test_an_unreachable_node_does_not_stop_the_start_and_health_says_so(tmp_path
     assert answer.status == 200, answer
     assert answer.json['status'] == 'ok'
     assert answer.json['payments'] == 'onchain'
+    assert answer.json['rails'] == {'base': 'onchain', 'stripe': 'simulated'}
     assert answer.json['chain'] == {'chainId': 8453, 'latestBlock': None, 'escrowAddress': ESCROW,
                                     'usdcAddress': USDC, 'reachable': False}
 

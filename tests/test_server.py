@@ -513,7 +513,8 @@ def test_health_over_http(live_server):
     answer = requests.get(live_server.url + '/api/health', timeout=TIMEOUT)
     assert answer.status_code == 200
     assert answer.headers['Content-Type'] == 'application/json; charset=utf-8'
-    assert answer.json() == {'status': 'ok', 'version': '2.0.0', 'dbConnected': True, 'payments': 'simulated'}
+    assert answer.json() == {'status': 'ok', 'version': '2.0.0', 'dbConnected': True, 'payments': 'simulated',
+                             'rails': {'base': 'simulated', 'stripe': 'simulated'}}
 
 
 def test_unknown_path_is_a_json_404(live_server):
