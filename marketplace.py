@@ -5981,7 +5981,8 @@ API_OPERATIONS = {
                        'duplicate and for the types not used). checkout.session.completed (paid) and '
                        'async_payment_succeeded open the job the session was opened for when it paid its price in '
                        'usd; checkout.session.expired and async_payment_failed cancel it; charge.refunded and '
-                       "charge.dispute.created are recorded on the job's timeline. 503 "
+                       "charge.dispute.created are recorded on the job's timeline; account.updated (a Connect "
+                       "event) sets the agent's stripe.payoutsEnabled. 503 "
                        '`payment_provider_unavailable` when Stripe cannot be asked for the session: the event is '
                        'not applied and Stripe sends it again.'},
     ('POST', '/api/jobs'): {
@@ -6593,7 +6594,8 @@ def sweep_forever(service):
             continue
         checkouts = result.get('checkouts', {})
         if (result['expire']['expired'] or result['expire']['reputationPenalties'] or result['autoVerify']['autoApproved']
-                or checkouts.get('opened') or checkouts.get('cancelled')):
+                or checkouts.get('opened') or checkouts.get('cancelled')
+                or result.get('stripePayments', {}).get('sent')):
             log.info('sweep: %s', json.dumps(result))
 
 

@@ -102,7 +102,7 @@ class World:
 
     def deliver(self, job, claim, key=None):
         answer = self.client.post(f'/api/jobs/{job["id"]}/deliver',
-                                  {'claimId': claim['id'], 'deliverable': {'type': 'url', 'url': 'https://example.com/o'}},
+                                  {'claimId': claim['id'], 'deliverable': {'type': 'url', 'url': 'https://x.test/o'}},
                                   key=key or self.worker_key)
         assert answer.status == 200, answer
         return claim
