@@ -6081,12 +6081,15 @@ API_OPERATIONS = {
         'body': 'Deliver', 'ok': (200, 'ClaimResult'), 'errors': (400, 401, 403, 404, 409, 413, 429)},
     ('POST', '/api/jobs/<job_id>/verify'): {
         'summary': 'Approve (release escrow) or reject (refund) a delivery', 'tags': ['Jobs'], 'auth': 'key',
-        'body': 'Verify', 'ok': (200, 'VerifyResult'), 'errors': (400, 401, 403, 404, 409, 413, 429),
-        'description': "The job's requester or an admin; only a `delivered` claim (409 `claim_not_delivered`)."},
+        'body': 'Verify', 'ok': (200, 'VerifyResult'), 'errors': (400, 401, 403, 404, 409, 413, 429, 503),
+        'description': "The job's requester or an admin; only a `delivered` claim (409 `claim_not_delivered`). A job "
+                       'paid on chain or through Stripe answers 503 (`chain_unavailable`, `payment_provider_unavailable`) '
+                       'on a server without that rail; through Stripe the release or refund is `pending` until Stripe '
+                       'makes it (then `confirmed` with its `reference`).'},
     ('POST', '/api/jobs/<job_id>/cancel'): {
         'summary': 'Cancel a job nobody holds a claim on, refunding its escrow', 'tags': ['Jobs'], 'auth': 'key',
         'body': 'EmptyBody', 'body_optional': True, 'ok': (200, 'JobResult'),
-        'errors': (400, 401, 403, 404, 409, 413, 429)},
+        'errors': (400, 401, 403, 404, 409, 413, 429, 503)},
     ('POST', '/api/jobs/<job_id>/claims/<claim_id>/release'): {
         'summary': 'End a claim that timed out without delivering, freeing its slot', 'tags': ['Jobs'],
         'auth': 'key', 'body': 'EmptyBody', 'body_optional': True, 'ok': (200, 'ClaimResult'),
@@ -6113,13 +6116,14 @@ API_OPERATIONS = {
         'ok': (200, 'DisputeDetail'), 'errors': (400, 404, 429)},
     ('PATCH', '/api/disputes/<dispute_id>'): {
         'summary': 'Decide a dispute for the worker or the requester', 'tags': ['Disputes'], 'auth': 'key',
-        'body': 'DisputeResolve', 'ok': (200, 'DisputeResolved'), 'errors': (400, 401, 403, 404, 409, 413),
+        'body': 'DisputeResolve', 'ok': (200, 'DisputeResolved'), 'errors': (400, 401, 403, 404, 409, 413, 503),
         'description': 'An admin, or the owner of a trusted, active arbitrator not linked to a party (403 '
                        '`conflict_of_interest` when linked, `forbidden` otherwise); resolvedBy counts only from '
                        "an admin, else it is the arbitrator's name. 409 `dispute_resolved` once decided."},
     ('POST', '/api/disputes/<dispute_id>/vote'): {
         'summary': "Cast an arbitrator's vote; the deciding vote resolves the dispute", 'tags': ['Arbitration'],
-        'auth': 'key', 'body': 'VoteCreate', 'ok': (201, 'VoteCast'), 'errors': (400, 401, 403, 404, 409, 413, 429),
+        'auth': 'key', 'body': 'VoteCreate', 'ok': (201, 'VoteCast'),
+        'errors': (400, 401, 403, 404, 409, 413, 429, 503),
         'description': 'Only members of the dispute\'s panel vote (403 `not_on_panel`; `conflict_of_interest`, '
                        '`arbitrator_suspended`). When votesReceived reaches requiredVotes the majority decides, as '
                        'a PATCH with resolvedBy "community" would. 409 `already_voted` or `dispute_resolved`.'},

@@ -482,3 +482,23 @@ class LiveWorld(World):
                            self.worker_key)
         assert answer.status_code == 200, answer.text
         return claim
+
+
+def test_a_job_paid_through_stripe_is_not_settled_without_stripe(world, tmp_path):
+    """The same database served without the Stripe key: the verdict is 503, nothing changes, the sweeps wait."""
+    job, claim = world.delivered()
+    before = world.payments(job)
+    plain = mp.make_app(mp.Settings(db=str(tmp_path / 'stripe.db'), rate_limits='off', admin_key=ADMIN_KEY,
+                                    public_url='http://market.test', allow_private_webhooks=True,
+                                    allow_simulated_rails=True))
+    try:
+        client = Client(plain)
+        answer = client.post(f'/api/jobs/{job["id"]}/verify', {'claimId': claim['id'], 'approved': True},
+                             key=world.requester_key)
+        assert_error(answer, 503, 'payment_provider_unavailable')
+        world.db.execute("UPDATE claims SET delivered_at = '2000-01-01T00:00:00.000Z' WHERE id = :id",
+                         {'id': claim['id']})
+        assert mp.run_sweeps(plain.service.db, plain.service.settings)['autoVerify']['autoApproved'] == 0
+    finally:
+        plain.service.close()
+    assert world.payments(job) == before and world.transfers() == []
