@@ -770,6 +770,12 @@ def stripe_mode(settings):
     return bool(getattr(settings, 'settings', settings).stripe_secret_key)
 
 
+def stripe_job(job):
+    """Does this job's money move through Stripe? Only for a job paid through Checkout (its PaymentIntent is set):
+    a job on rail stripe created while the rail was simulated paid nothing, so it pays nothing out."""
+    return job['payment_intent'] is not None
+
+
 def real_rails(settings):
     """The rails that move real money: base in onchain mode, stripe in stripe mode."""
     rails = set()
@@ -798,10 +804,18 @@ def lock_escrow(db, job, funding=None, payment_intent=None):
 
 def pay_out(db, settings, job, kind, amount, *, debit, credit, recipient, claim_id=None):
     """Record money leaving escrow. On chain the USDC transfer is signed and stored here, in the caller's
-    transaction, and broadcast after the commit: a crash can only lead to sending the same transaction again."""
+    transaction, and broadcast after the commit: a crash can only lead to sending the same transaction again.
+    Through Stripe the record is written pending here; its Transfer or Refund is asked for after the commit with
+    the record's id as idempotency key, so asking again can never pay twice."""
     if job['escrow_tx_hash'] and settings.onchain is None:
         raise Unavailable('This job was funded on chain: only a server running with --rpc-url can pay it out.',
                           code='chain_unavailable', headers={'Retry-After': '60'})
+    if stripe_job(job):     # a Transfer or Refund made after the commit (send_stripe_payments)
+        if settings.stripe is None:
+            raise Unavailable('This job was paid through Stripe: only a server running with --stripe-secret-key '
+                              'can pay it out.', code='payment_provider_unavailable', headers={'Retry-After': '60'})
+        return record_payment(db, job, kind, amount, debit=debit, credit=credit, recipient=recipient,
+                              claim_id=claim_id, status='pending')
     if not onchain_job(settings, job):
         return record_payment(db, job, kind, amount, debit=debit, credit=credit, recipient=recipient,
                               claim_id=claim_id)
@@ -817,13 +831,17 @@ def release_to_worker(db, settings, job, claim, agent, amount):
     """
     cent = 10 ** (DECIMALS[job['currency']] - 2)
     fee = amount // cent * int(settings.fee_percent * 100) // 10_000 * cent
+    if stripe_job(job):     # paid to the agent's connected account (its id until it has one)
+        recipient = agent['stripe_account_id'] or agent['id']
+    else:
+        recipient = agent['wallet_address'] or agent['id']
     payments = [pay_out(db, settings, job, 'release', amount - fee, debit=escrow_account(job['id']),
-                        credit=f'worker:{agent["id"]}', recipient=agent['wallet_address'] or agent['id'],
-                        claim_id=claim['id'])]
-    if fee:     # on chain the fee simply stays in the escrow wallet
+                        credit=f'worker:{agent["id"]}', recipient=recipient, claim_id=claim['id'])]
+    if fee:     # on chain the fee simply stays in the escrow wallet; through Stripe, in the platform's balance
+        real = onchain_job(settings, job) or stripe_job(job)
         payments.append(record_payment(db, job, 'fee', fee, debit=escrow_account(job['id']), credit='fees',
                                        recipient='operator', claim_id=claim['id'],
-                                       status='confirmed' if onchain_job(settings, job) else 'simulated'))
+                                       status='confirmed' if real else 'simulated'))
     return payments
 
 
@@ -1677,6 +1695,8 @@ def agent_json(agent, viewer=None):
         'jobsCompleted': agent['jobs_completed'],
         'totalEarned': format_cents(agent['earned_cents']),
         'completionRate': round(agent['jobs_completed'] / finished, 4) if finished else 0.0,
+        'stripe': agent['stripe_account_id'] and {'accountId': agent['stripe_account_id'],
+                                                  'payoutsEnabled': bool(agent['stripe_payouts_enabled'])},
         'createdAt': agent['created_at'],
         'updatedAt': agent['updated_at'],
     }
@@ -2696,8 +2716,32 @@ def on_charge_event(db, settings, event):
     return 'recorded', job_id
 
 
-# What each Stripe event does (account.updated, for workers' payouts, comes with them): (db, settings, event) ->
-# (what happened, the job's id). Other types are answered 200 and ignored, not recorded.
+def account_ready(account):
+    """Can a connected account (as Stripe shows it) take transfers and pay them out? payouts_enabled, and its
+    transfers capability active."""
+    capabilities = account.get('capabilities') or {}
+    return bool(account.get('payouts_enabled')) and capabilities.get('transfers') == 'active'
+
+
+def on_account_updated(db, settings, event):
+    """account.updated (a Connect event): the agent paid to that connected account gets payoutsEnabled as Stripe
+    says; releases waiting for it go out with the next sweep."""
+    account = event['object']
+    account_id = account.get('id') or event.get('account')
+    with db.transaction():
+        if stripe_event_seen(db, event['id']):
+            return 'duplicate', None
+        changed = db.execute('''UPDATE agents SET stripe_payouts_enabled = :ready, updated_at = :now
+                                WHERE stripe_account_id = :account''',
+                             {'ready': int(account_ready(account)), 'now': now_iso(), 'account': account_id})
+        if not changed:
+            log.warning('stripe: account.updated for %s, the account of no agent here', account_id)
+        record_stripe_event(db, event)
+    return ('recorded' if changed else 'unchanged'), None
+
+
+# What each Stripe event does: (db, settings, event) -> (what happened, the job's id). Other types are answered
+# 200 and ignored, not recorded.
 STRIPE_EVENTS = {
     'checkout.session.completed': on_checkout_paid,
     'checkout.session.async_payment_succeeded': on_checkout_paid,
@@ -2705,6 +2749,7 @@ STRIPE_EVENTS = {
     'checkout.session.async_payment_failed': on_checkout_unpaid,
     'charge.refunded': on_charge_event,
     'charge.dispute.created': on_charge_event,
+    'account.updated': on_account_updated,
 }
 
 
@@ -2733,6 +2778,91 @@ def reconcile_checkouts(db, settings):
         outcome, job_id = settle_checkout(db, settings, session, checkout_outcome(session))
         if outcome in ('opened', 'cancelled'):
             result[outcome].append(job_id)
+    return result
+
+
+###############################################################################
+# The stripe rail: paying workers and refunds #################################
+###############################################################################
+
+# Workers are paid through Stripe Connect (CONTRACT.md 12): each agent has one Express connected account
+# (onboard_agent), and a release is a Transfer from the platform's balance to it, drawn on the job's charge
+# (source_transaction); a refund is a Refund of the job's PaymentIntent. The record is written pending in the
+# transaction that decides it (pay_out); send_stripe_payments asks Stripe after the commit, and every sweep asks
+# again for what is still pending, always with the record's id as the idempotency key: never paid twice.
+
+STRIPE_PAYMENTS_DUE = '''
+    SELECT p.id, p.type, p.amount, p.currency, p.job_id, j.payment_intent, j.stripe_charge,
+           a.stripe_account_id, a.stripe_payouts_enabled
+    FROM payments p JOIN jobs j ON j.id = p.job_id
+    LEFT JOIN claims c ON c.id = p.claim_id LEFT JOIN agents a ON a.id = c.agent_id
+    WHERE p.status = 'pending' AND p.type IN ('release', 'refund') AND j.payment_intent IS NOT NULL
+    AND p.seq > :after
+    ORDER BY p.seq'''
+
+
+def onboard_agent(db, settings, agent):
+    """The agent's Express connected account (made once: network first, then the transaction that stores it) and
+    a fresh onboarding link to it, back to the agent's page: {url, expiresAt, accountId}."""
+    from stripe_rail import StripeRefused, StripeUnavailable
+    page = f'{settings.base_url}/agents/{agent["id"]}'
+    try:
+        account_id = agent['stripe_account_id']
+        if account_id is None:
+            made = settings.stripe.create_account(agent_id=agent['id'])
+            with db.transaction():      # two calls at once got the same account (one idempotency key)
+                db.execute('''UPDATE agents SET stripe_account_id = :account, updated_at = :now
+                              WHERE id = :id AND stripe_account_id IS NULL''',
+                           {'account': made, 'now': now_iso(), 'id': agent['id']})
+                account_id = db.value('SELECT stripe_account_id FROM agents WHERE id = :id', {'id': agent['id']})
+        link = settings.stripe.account_link(account_id, refresh_url=page, return_url=page)
+    except (StripeUnavailable, StripeRefused) as exc:
+        raise provider_unavailable(exc) from None
+    return {'url': link['url'], 'expiresAt': unix_iso(link['expires_at']), 'accountId': account_id}
+
+
+def stripe_payment(settings, payment):
+    """Ask Stripe to move one pending payment (network): the Transfer's or Refund's id, or None while its agent
+    cannot take payouts."""
+    cents = payment['amount'] // 10 ** (DECIMALS[payment['currency']] - 2)
+    if payment['type'] == 'refund':
+        return settings.stripe.refund(payment_intent=payment['payment_intent'], amount_cents=cents,
+                                      idempotency_key=payment['id'])
+    if not (payment['stripe_account_id'] and payment['stripe_payouts_enabled']):
+        return None
+    return settings.stripe.send_transfer(amount_cents=cents, destination=payment['stripe_account_id'],
+                                         transfer_group=f'job_{payment["job_id"]}',
+                                         source_transaction=payment['stripe_charge'], idempotency_key=payment['id'])
+
+
+def send_stripe_payments(db, settings, after_seq=0):
+    """Send the pending transfers and refunds of jobs paid through Stripe (those recorded after `after_seq`), and
+    mark each one Stripe made confirmed with its id as reference, in its own transaction. A refused call leaves
+    its record pending; Stripe not answering ends the round. Returns {sent, waiting, failed}."""
+    from stripe_rail import StripeRefused, StripeUnavailable
+    result = {'sent': 0, 'waiting': 0, 'failed': 0}
+    for payment in db.rows(STRIPE_PAYMENTS_DUE, {'after': after_seq or 0}):
+        time.sleep(0)     # under gevent, let requests in between
+        try:
+            reference = stripe_payment(settings, payment)
+        except StripeUnavailable as exc:
+            log.warning('stripe: the %s %s waits, Stripe did not answer (%s)', payment['type'], payment['id'], exc)
+            result['failed'] += 1
+            break
+        except StripeRefused as exc:
+            log.warning('stripe: the %s %s waits, Stripe refused it (%s %s)', payment['type'], payment['id'],
+                        exc.status, exc.code)
+            result['failed'] += 1
+            continue
+        if reference is None:
+            result['waiting'] += 1
+            continue
+        with db.transaction():
+            db.execute('''UPDATE payments SET status = 'confirmed', reference = :reference,
+                          recipient = coalesce(:account, recipient) WHERE id = :id AND status = 'pending' ''',
+                       {'reference': reference, 'id': payment['id'],
+                        'account': payment['stripe_account_id'] if payment['type'] == 'release' else None})
+        result['sent'] += 1
     return result
 
 
@@ -2838,6 +2968,7 @@ def run_sweeps(db, settings):
         result['payouts'] = settings.onchain.confirm(db)
     if settings.stripe:
         result['checkouts'] = reconcile_checkouts(db, settings)
+        result['stripePayments'] = send_stripe_payments(db, settings)
     return result
 
 
@@ -4032,6 +4163,19 @@ def post_webhook_secret(agent_id):
     return {'agentId': agent['id'], 'webhookSecret': secret}
 
 
+@route('POST', '/api/agents/<agent_id>/stripe/onboarding', limit='agents_create')
+def post_stripe_onboarding(agent_id):
+    """The agent's Stripe Connect onboarding (its owner only): its Express account, made once, and a fresh link."""
+    account = require_account()
+    read_json_body(optional=True)
+    agent = owned_agent(agent_id, account, admin_too=False)
+    svc = service()
+    if svc.stripe is None:
+        raise NotFound('The stripe rail is simulated on this service: there is no Stripe account to open.',
+                       code='stripe_not_enabled')
+    return onboard_agent(svc.db, svc.settings, agent)
+
+
 def delivery_json(row):
     return {'id': row['id'], 'event': row['event'], 'status': row['status'], 'attempts': row['attempts'],
             'lastStatusCode': row['last_status_code'], 'lastError': row['last_error'],
@@ -5168,6 +5312,13 @@ AGENT_SCHEMA = closed_object({
     'jobsCompleted': COUNT_SCHEMA,
     'totalEarned': MONEY_SCHEMA,
     'completionRate': dict(SHARE_SCHEMA, description='Approved claims over finished ones (0 before any).'),
+    'stripe': dict(nullable(closed_object({
+        'accountId': {'type': 'string', 'examples': ['acct_1Nx']},
+        'payoutsEnabled': {'type': 'boolean', 'description': 'Stripe says the account takes transfers and pays '
+                                                             'them out (account.updated); until then its releases '
+                                                             'wait, pending.'},
+    })), description='Its Stripe Connect (Express) account, where releases of jobs paid through Stripe go; null '
+                     'before POST /api/agents/:id/stripe/onboarding.'),
     'createdAt': TIME_SCHEMA,
     'updatedAt': TIME_SCHEMA,
     'webhookUrl': dict(nullable(URL_SCHEMA), description="Sent only to the agent's owner and to admins."),
@@ -5221,8 +5372,10 @@ API_SCHEMAS = {
         'txHash': nullable(TX_HASH_SCHEMA),
         'reference': nullable({'type': 'string', 'examples': ['pi_3Nx']}),
         'createdAt': TIME_SCHEMA,
-    }, description="reference: on rail stripe in stripe mode, the Stripe object that moved the money (the escrow's "
-                   "PaymentIntent); txHash: on chain. recipient 'platform': held in the platform's Stripe balance."),
+    }, description="reference: on rail stripe in stripe mode, the Stripe object that moved the money (escrow: the "
+                   "PaymentIntent; release: the Transfer to the agent's connected account; refund: the Refund), null "
+                   "while pending; txHash: on chain. recipient 'platform': held in the platform's Stripe balance; "
+                   "a release's recipient is the agent's connected account (its agent id until it has one)."),
     'Account': closed_object({
         'id': UUID_SCHEMA,
         'name': {'type': 'string', 'minLength': 1, 'maxLength': 100},
@@ -5552,6 +5705,11 @@ API_SCHEMAS = {
         'jobs': {'type': 'array', 'items': schema_ref('Job')},
         'total': COUNT_SCHEMA, 'limit': {'type': 'integer', 'minimum': 1, 'maximum': 200}, 'offset': COUNT_SCHEMA,
     }),
+    'StripeOnboarding': closed_object({
+        'url': dict(URL_SCHEMA, description="Stripe's onboarding page for the account (one use, expires soon)."),
+        'expiresAt': dict(TIME_SCHEMA, description='When the link expires: ask for a new one after that.'),
+        'accountId': {'type': 'string', 'examples': ['acct_1Nx'], 'description': "The agent's connected account."},
+    }),
     'JobResult': closed_object({
         'job': schema_ref('Job'),
         'checkoutUrl': dict(URL_SCHEMA, description='Only for a job on rail stripe in stripe mode: where its requester '
@@ -5773,6 +5931,15 @@ API_OPERATIONS = {
     ('POST', '/api/agents/<agent_id>/webhook-secret'): {
         'summary': "Rotate the agent's webhook secret (its owner)", 'tags': ['Webhooks'], 'auth': 'key',
         'ok': (200, 'WebhookSecret'), 'errors': (400, 401, 403, 404, 413, 429)},
+    ('POST', '/api/agents/<agent_id>/stripe/onboarding'): {
+        'summary': "Open the agent's Stripe account to be paid in USD (its owner)", 'tags': ['Agents', 'Payments'],
+        'auth': 'key', 'body': 'EmptyBody', 'body_optional': True, 'ok': (200, 'StripeOnboarding'),
+        'errors': (400, 401, 403, 404, 413, 429, 503),
+        'description': "Stripe mode only (404 `stripe_not_enabled` otherwise). The first call creates the agent's "
+                       'Stripe Connect Express account (capability transfers); later calls reuse it. Each answers '
+                       "a fresh onboarding link, back to the agent's page; releases of jobs paid through Stripe wait, "
+                       'pending, until Stripe says the account takes payouts (agent.stripe.payoutsEnabled). 503 '
+                       '`payment_provider_unavailable` (with Retry-After) when Stripe fails.'},
     ('GET', '/api/agents/<agent_id>/webhooks'): {
         'summary': "The agent's webhook delivery log (its owner or an admin)", 'tags': ['Webhooks'], 'auth': 'key',
         'query': [{'name': 'status', 'schema': {'type': 'string', 'enum': ['pending', 'delivered', 'failed']},
@@ -5818,7 +5985,8 @@ API_OPERATIONS = {
                        'duplicate and for the types not used). checkout.session.completed (paid) and '
                        'async_payment_succeeded open the job the session was opened for when it paid its price in '
                        'usd; checkout.session.expired and async_payment_failed cancel it; charge.refunded and '
-                       "charge.dispute.created are recorded on the job's timeline. 503 "
+                       "charge.dispute.created are recorded on the job's timeline; account.updated (a Connect "
+                       "event) sets the agent's stripe.payoutsEnabled. 503 "
                        '`payment_provider_unavailable` when Stripe cannot be asked for the session: the event is '
                        'not applied and Stripe sends it again.'},
     ('POST', '/api/jobs'): {
@@ -5917,12 +6085,15 @@ API_OPERATIONS = {
         'body': 'Deliver', 'ok': (200, 'ClaimResult'), 'errors': (400, 401, 403, 404, 409, 413, 429)},
     ('POST', '/api/jobs/<job_id>/verify'): {
         'summary': 'Approve (release escrow) or reject (refund) a delivery', 'tags': ['Jobs'], 'auth': 'key',
-        'body': 'Verify', 'ok': (200, 'VerifyResult'), 'errors': (400, 401, 403, 404, 409, 413, 429),
-        'description': "The job's requester or an admin; only a `delivered` claim (409 `claim_not_delivered`)."},
+        'body': 'Verify', 'ok': (200, 'VerifyResult'), 'errors': (400, 401, 403, 404, 409, 413, 429, 503),
+        'description': "The job's requester or an admin; only a `delivered` claim (409 `claim_not_delivered`). A job "
+                       'paid on chain or through Stripe answers 503 (`chain_unavailable`, `payment_provider_unavailable`) '
+                       'on a server without that rail; through Stripe the release or refund is `pending` until Stripe '
+                       'makes it (then `confirmed` with its `reference`).'},
     ('POST', '/api/jobs/<job_id>/cancel'): {
         'summary': 'Cancel a job nobody holds a claim on, refunding its escrow', 'tags': ['Jobs'], 'auth': 'key',
         'body': 'EmptyBody', 'body_optional': True, 'ok': (200, 'JobResult'),
-        'errors': (400, 401, 403, 404, 409, 413, 429)},
+        'errors': (400, 401, 403, 404, 409, 413, 429, 503)},
     ('POST', '/api/jobs/<job_id>/claims/<claim_id>/release'): {
         'summary': 'End a claim that timed out without delivering, freeing its slot', 'tags': ['Jobs'],
         'auth': 'key', 'body': 'EmptyBody', 'body_optional': True, 'ok': (200, 'ClaimResult'),
@@ -5949,13 +6120,14 @@ API_OPERATIONS = {
         'ok': (200, 'DisputeDetail'), 'errors': (400, 404, 429)},
     ('PATCH', '/api/disputes/<dispute_id>'): {
         'summary': 'Decide a dispute for the worker or the requester', 'tags': ['Disputes'], 'auth': 'key',
-        'body': 'DisputeResolve', 'ok': (200, 'DisputeResolved'), 'errors': (400, 401, 403, 404, 409, 413),
+        'body': 'DisputeResolve', 'ok': (200, 'DisputeResolved'), 'errors': (400, 401, 403, 404, 409, 413, 503),
         'description': 'An admin, or the owner of a trusted, active arbitrator not linked to a party (403 '
                        '`conflict_of_interest` when linked, `forbidden` otherwise); resolvedBy counts only from '
                        "an admin, else it is the arbitrator's name. 409 `dispute_resolved` once decided."},
     ('POST', '/api/disputes/<dispute_id>/vote'): {
         'summary': "Cast an arbitrator's vote; the deciding vote resolves the dispute", 'tags': ['Arbitration'],
-        'auth': 'key', 'body': 'VoteCreate', 'ok': (201, 'VoteCast'), 'errors': (400, 401, 403, 404, 409, 413, 429),
+        'auth': 'key', 'body': 'VoteCreate', 'ok': (201, 'VoteCast'),
+        'errors': (400, 401, 403, 404, 409, 413, 429, 503),
         'description': 'Only members of the dispute\'s panel vote (403 `not_on_panel`; `conflict_of_interest`, '
                        '`arbitrator_suspended`). When votesReceived reaches requiredVotes the majority decides, as '
                        'a PATCH with resolvedBy "community" would. 409 `already_voted` or `dispute_resolved`.'},
@@ -6003,7 +6175,8 @@ API_TAGS = [
     {'name': 'Sweeps', 'description': 'Expiry and auto-verification, also run by the server itself.'},
     {'name': 'Webhooks', 'description': 'Signed event deliveries to agents, their log, tests and chat templates.'},
     {'name': 'Payments', 'description': 'x402: operations priced per call, paid in USDC by every caller but admin '
-                                        'keys and exempt accounts.'},
+                                        'keys and exempt accounts; Stripe: its events, and workers\' accounts to be '
+                                        'paid in USD.'},
     {'name': 'Pages', 'description': 'The job board for people: server-rendered HTML.'},
 ]
 
@@ -6218,6 +6391,18 @@ class Service:
         else:
             self.settings.onchain.broadcast(self.db)
 
+    def send_stripe_payouts(self, after_seq):
+        """Ask Stripe for the transfers and refunds recorded after `after_seq` (under the server without holding
+        up the answer; in-process at once, where a failure is logged: the answer's change is committed already)."""
+        if self.background:
+            import gevent
+            gevent.spawn(send_stripe_payments, self.db, self.settings, after_seq)
+            return
+        try:
+            send_stripe_payments(self.db, self.settings, after_seq)
+        except Exception:
+            log.exception('sending the payments through Stripe failed; the sweep sends them')
+
     def close(self):
         self.db.close()
 
@@ -6250,6 +6435,10 @@ def make_app(settings):
                     if not ok:
                         raise RateLimited(f'Too many requests; try again in {headers["Retry-After"]} seconds.')
                 method = 'GET' if request.method == 'HEAD' else request.method      # Bottle serves HEAD with GET
+                # in stripe mode, the payments this request records are sent after it (send_stripe_payouts)
+                before = None
+                if app.service.stripe is not None and method != 'GET':
+                    before = app.service.db.value('SELECT coalesce(max(seq), 0) FROM payments')
                 price = app.service.x402 and app.service.x402.prices.get((method, request.route.rule))
                 if price and not x402_exempt(caller()):     # priced for x402: every caller pays but the exempt
                     if caller() is None and request.get_header('Authorization'):
@@ -6267,6 +6456,8 @@ def make_app(settings):
                                               headers={'Retry-After': '1'}))
             if request.method != 'GET' and settings.onchain:
                 app.service.broadcast_payouts()
+            if before is not None:
+                app.service.send_stripe_payouts(before)
             if isinstance(result, dict):
                 response.content_type = JSON_TYPE
                 return json_bytes(result)
@@ -6411,7 +6602,8 @@ def sweep_forever(service):
             continue
         checkouts = result.get('checkouts', {})
         if (result['expire']['expired'] or result['expire']['reputationPenalties'] or result['autoVerify']['autoApproved']
-                or checkouts.get('opened') or checkouts.get('cancelled')):
+                or checkouts.get('opened') or checkouts.get('cancelled')
+                or result.get('stripePayments', {}).get('sent')):
             log.info('sweep: %s', json.dumps(result))
 
 

@@ -17,7 +17,8 @@ JOB_FIELDS = {'id', 'status', 'title', 'description', 'category', 'paymentAmount
               'competitionMode', 'deadline', 'verificationWindowHours', 'claimTimeoutHours', 'minReputation',
               'escrowStatus', 'escrowTxHash', 'claimCount', 'createdAt', 'updatedAt', 'url'}
 AGENT_FIELDS = {'id', 'accountId', 'name', 'description', 'walletAddress', 'capabilities', 'pricing',
-                'reputationScore', 'jobsCompleted', 'totalEarned', 'completionRate', 'createdAt', 'updatedAt'}
+                'reputationScore', 'jobsCompleted', 'totalEarned', 'completionRate', 'stripe', 'createdAt',
+                'updatedAt'}
 
 
 def set_reputation(app, agent, hundredths):

@@ -21,7 +21,8 @@ REAL_ROUTES = {(method, path): bucket for method, path, _, bucket in mp.ROUTES}
 # A stream does not end in-process; its own tests cover it.
 NOT_DRIVEN = {('GET', '/api/jobs/stream'),
               ('POST', '/api/x402'),      # needs a chain: test_x402.py checks its answers against this document
-              ('POST', '/api/stripe/webhook')}    # needs stripe mode: test_stripe_funding.py checks its answers
+              ('POST', '/api/stripe/webhook'),    # needs stripe mode: test_stripe_funding.py checks its answers
+              ('POST', '/api/agents/<agent_id>/stripe/onboarding')}   # stripe mode too: test_stripe_payouts.py
 
 
 def operations(document):

@@ -362,6 +362,39 @@ class RotateSecret(Row):
         assert self.secret(w, s) == s.secret
 
 
+class StubStripeRail:
+    """Stands in for the service's StripeRail in stripe mode (no network): the calls onboarding makes."""
+
+    def create_account(self, *, agent_id):
+        return 'acct_' + agent_id.replace('-', '')[:16]
+
+    def account_link(self, account_id, *, refresh_url, return_url):
+        return {'url': f'https://connect.stripe.test/setup/{account_id}', 'expires_at': 4_102_444_800}
+
+
+@row('POST', '/api/agents/<agent_id>/stripe/onboarding')
+class StripeOnboarding(Row):
+    """The agent's owner only (CONTRACT.md 12), in stripe mode (here with a stub rail)."""
+    allowed = ('owner',)
+
+    def setup(self, w, caller):
+        w.app.service.stripe = w.app.service.settings.stripe = StubStripeRail()
+        agent = w.market.agent
+        return State(f'/api/agents/{agent["id"]}/stripe/onboarding', None, w.worker_key, agent=agent)
+
+    def account(self, w, s):
+        return w.db.value('SELECT stripe_account_id FROM agents WHERE id = :id', {'id': s.agent['id']})
+
+    def ok(self, w, s, answer, caller):
+        account = 'acct_' + s.agent['id'].replace('-', '')[:16]
+        assert answer.json == {'url': f'https://connect.stripe.test/setup/{account}',
+                               'expiresAt': '2100-01-01T00:00:00.000Z', 'accountId': account}
+        assert self.account(w, s) == account
+
+    def unchanged(self, w, s):
+        assert self.account(w, s) is None
+
+
 @row('POST', '/api/agents/<agent_id>/webhooks/<delivery_id>/redeliver')
 class Redeliver(Row):
     """The agent's owner or an admin (API_OPERATIONS and README "Webhooks"); 202 {delivery}."""
