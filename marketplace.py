@@ -5016,12 +5016,30 @@ def when(moment):
     return f'{moment[:10]} {moment[11:16]} UTC' if moment else ''
 
 
+STRIPE_DASHBOARD_PATHS = {'pi_': 'payments', 're_': 'refunds', 'tr_': 'connect/transfers', 'acct_': 'connect/accounts'}
+
+
+def stripe_dashboard(settings):
+    """A function from a Stripe id (pi_, re_, tr_, acct_) to its page in the Stripe Dashboard (the test-mode one
+    for a test key), HTML-escaped for an href, or to None for another id; None outside stripe mode."""
+    if not stripe_mode(settings):
+        return None
+    base = 'https://dashboard.stripe.com' + ('/test' if '_test_' in settings.stripe_secret_key[:8] else '')
+
+    def link(reference):
+        path = next((path for prefix, path in STRIPE_DASHBOARD_PATHS.items() if (reference or '').startswith(prefix)),
+                    None)
+        return html.escape(f'{base}/{path}/{reference}') if path else None
+    return link
+
+
 def render(name, **values):
     """A page from templates/NAME.tpl (Bottle's SimpleTemplate, where {{...}} is always HTML-escaped)."""
     response.content_type = HTML_TYPE
     svc = service()
     explorer = EXPLORERS.get(svc.settings.chain_id) if svc.settings.onchain else None
-    return bottle.template(name, template_lookup=[str(TEMPLATES)], when=when, explorer=explorer, **values)
+    return bottle.template(name, template_lookup=[str(TEMPLATES)], when=when, explorer=explorer,
+                           dashboard=stripe_dashboard(svc.settings), **values)
 
 
 def page(handler):
@@ -5085,7 +5103,7 @@ def job_timeline(job, claims, disputes, payments, names, notes=()):
     for payment in payments:
         events.append({'at': payment['createdAt'], 'what': PAYMENT_EVENTS[payment['type']],
                        'detail': f'{payment["amount"]} {payment["currency"]} ({payment["status"]})',
-                       'txHash': payment['txHash']})
+                       'txHash': payment['txHash'], 'reference': payment['reference']})
     if job['status'] in ('cancelled', 'expired'):
         events.append({'at': job['updatedAt'], 'what': job['status'].capitalize(), 'detail': ''})
     return sorted(events, key=lambda event: (event['at'], step_rank(event['what'])))

@@ -5,6 +5,9 @@
 <p class="description">{{agent['description']}}</p>
 % end
 <p class="facts">Reputation <strong class="score">{{agent['reputationScore']}}</strong> · {{agent['jobsCompleted']}} {{'job' if agent['jobsCompleted'] == 1 else 'jobs'}} done · completion {{'{:.0%}'.format(agent['completionRate'])}} · earned {{agent['totalEarned']}} · wallet <span class="tx">{{agent['walletAddress']}}</span></p>
+% if agent.get('stripe'):
+<p class="facts">Paid in USD through Stripe: {{'payouts enabled' if agent['stripe']['payoutsEnabled'] else 'onboarding not finished, so its USD payouts wait'}} (connected account {{!'<a href="' + dashboard(agent['stripe']['accountId']) + '">' if dashboard else ''}}<span class="tx">{{agent['stripe']['accountId']}}</span>{{!'</a>' if dashboard else ''}}).</p>
+% end
 <section>
   <h2>Capabilities</h2>
   <dl class="pairs">

@@ -33,6 +33,9 @@
 % if event.get('txHash'):
       <span class="tx">{{!'<a href="' + explorer + '/tx/' + event['txHash'] + '">' if explorer else ''}}{{event['txHash'][:10] + '…'}}{{!'</a>' if explorer else ''}}</span>
 % end
+% if event.get('reference'):
+      <span class="tx">{{!'<a href="' + dashboard(event['reference']) + '">' if dashboard and dashboard(event['reference']) else ''}}{{event['reference']}}{{!'</a>' if dashboard and dashboard(event['reference']) else ''}}</span>
+% end
     </li>
 % end
   </ol>
@@ -66,7 +69,11 @@
     <tbody>
 % for payment in payments:
       <tr><td><time datetime="{{payment['createdAt']}}">{{when(payment['createdAt'])}}</time></td><td>{{payment['type']}}</td><td class="pay">{{payment['amount']}} {{payment['currency']}}</td><td>{{payment['status']}}</td>
-        <td class="tx">{{!'<a href="' + explorer + '/tx/' + payment['txHash'] + '">' if payment['txHash'] and explorer else ''}}{{payment['txHash'] or ('ledger only (' + payment['rail'] + ')')}}{{!'</a>' if payment['txHash'] and explorer else ''}}</td></tr>
+% if payment['reference']:
+        <td class="tx">{{!'<a href="' + dashboard(payment['reference']) + '">' if dashboard and dashboard(payment['reference']) else ''}}Stripe {{payment['reference']}}{{!'</a>' if dashboard and dashboard(payment['reference']) else ''}}</td></tr>
+% else:
+        <td class="tx">{{!'<a href="' + explorer + '/tx/' + payment['txHash'] + '">' if payment['txHash'] and explorer else ''}}{{payment['txHash'] or ('pending at Stripe' if payment['status'] == 'pending' and payment['rail'] == 'stripe' and dashboard else 'ledger only (' + payment['rail'] + ')')}}{{!'</a>' if payment['txHash'] and explorer else ''}}</td></tr>
+% end
 % end
     </tbody>
   </table>

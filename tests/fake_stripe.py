@@ -149,6 +149,8 @@ class FakeStripe:
             self.log = []                   # every request: {method, path, idempotency_key, form, query, ...}
             self.events = []                # every event() made: its dict
             self._failures = []             # fail_next(): (status, after) per coming request
+            self.clock = time.time          # Stripe's time (tests with a clock of their own set it; signatures
+                                            # keep the real time, which the library checks them against)
             self._delays = []               # delay_next(): seconds per coming request
 
     # --- controls for tests ---
@@ -162,7 +164,7 @@ class FakeStripe:
             if session['status'] != 'open':
                 raise ValueError(f'session {session_id} is {session["status"]}, not open')
             secret = self._session_secret[session_id]
-            now = int(time.time())
+            now = int(self.clock())
             intent_id, charge_id = new_id('pi_'), new_id('ch_')
             self.charges[charge_id] = {
                 'id': charge_id, 'object': 'charge', 'amount': session['amount_total'], 'amount_captured': 0,
@@ -226,6 +228,11 @@ class FakeStripe:
         (its effect and idempotent answer stay), and only its answer is lost."""
         with self.lock:
             self._failures.extend([(status, after, body)] * n)
+
+    def clear_failures(self):
+        """Forget the failures fail_next() armed that no request has met yet."""
+        with self.lock:
+            self._failures.clear()
 
     def delay_next(self, seconds, n=1):
         """Hold the next n requests for `seconds` before running them (a request held past reset() never runs)."""
@@ -349,7 +356,7 @@ class FakeStripe:
                          '/docs or we can help at https://support.stripe.com/.')
 
     def create_session(self, form):
-        now = int(time.time())
+        now = int(self.clock())
         if form.get('mode') not in ('payment', 'setup', 'subscription'):
             raise StripeFail(400, 'parameter_missing' if 'mode' not in form else 'parameter_invalid_string',
                              'Missing required param: mode.', 'mode')
@@ -419,7 +426,7 @@ class FakeStripe:
                      if isinstance(want, dict) and want.get('requested') == 'true'}
         self.accounts[account_id] = {
             'id': account_id, 'object': 'account', 'capabilities': requested, 'charges_enabled': False,
-            'country': form.get('country') or 'US', 'created': int(time.time()), 'default_currency': 'usd',
+            'country': form.get('country') or 'US', 'created': int(self.clock()), 'default_currency': 'usd',
             'details_submitted': False, 'metadata': form.get('metadata') or {}, 'payouts_enabled': False,
             'type': form.get('type') or 'standard',
         }
@@ -433,7 +440,7 @@ class FakeStripe:
             raise StripeFail(400, 'parameter_invalid_string' if form.get('type') else 'parameter_missing',
                              'Invalid type: must be one of account_onboarding or account_update', 'type')
         _required(form, 'return_url')
-        now = int(time.time())
+        now = int(self.clock())
         link = {'object': 'account_link', 'created': now, 'expires_at': now + 300,
                 'url': f'{self.url}/setup/e/{account_id}/{new_id("", 12)}'}
         self.links[link['url']] = dict(link, account=account_id, refresh_url=form.get('refresh_url'),
@@ -472,7 +479,7 @@ class FakeStripe:
         transfer_id = new_id('tr_')
         self.transfers[transfer_id] = {
             'id': transfer_id, 'object': 'transfer', 'amount': amount, 'amount_reversed': 0,
-            'created': int(time.time()), 'currency': currency, 'destination': destination, 'livemode': False,
+            'created': int(self.clock()), 'currency': currency, 'destination': destination, 'livemode': False,
             'metadata': form.get('metadata') or {}, 'reversed': False, 'source_transaction': source,
             'transfer_group': form.get('transfer_group'),
         }
@@ -508,7 +515,7 @@ class FakeStripe:
         refund_id = new_id('re_')
         self.refunds[refund_id] = {
             'id': refund_id, 'object': 'refund', 'amount': amount, 'charge': charge_id,
-            'created': int(time.time()), 'currency': charge['currency'], 'metadata': form.get('metadata') or {},
+            'created': int(self.clock()), 'currency': charge['currency'], 'metadata': form.get('metadata') or {},
             'payment_intent': charge['payment_intent'], 'reason': form.get('reason'), 'status': 'succeeded',
         }
         return dict(self.refunds[refund_id])

@@ -35,6 +35,7 @@ Each run of the machine starts a fresh service on a new database file; the servi
 """
 
 import os
+import random
 import shutil
 import tempfile
 from datetime import datetime, timedelta, timezone
@@ -48,6 +49,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import marketplace as mp
 from conftest import ADMIN_KEY, Client, make_account, make_agent, random_wallet
+from fake_stripe import FakeStripe
+
+PANEL_DRAW = mp.PANEL_DRAW     # the service's own (secrets.SystemRandom), put back after each run
 
 # Profiles ----------------------------------------------------------------------------------------------
 
@@ -118,11 +122,25 @@ MODES = ['all-paid', 'best-wins', 'first-wins']
 
 # The machine -------------------------------------------------------------------------------------------
 
+class PanelDraw:
+    """Panels drawn the same way in a run and in its replay (what a rule may pick, a panel member, must not change
+    between them, or hypothesis cannot replay a run: FlakyStrategyDefinition): a seeded random over the eligible
+    arbitrators in the order they were registered (their ids are random)."""
+
+    def __init__(self, db):
+        self.db, self.random = db, random.Random(1)
+
+    def sample(self, eligible, size):
+        order = {row['id']: row['rowid'] for row in self.db.rows('SELECT rowid, id FROM arbitrators')}
+        return self.random.sample(sorted(eligible, key=order.get), size)
+
+
 class MarketMachine(RuleBasedStateMachine):
     """One fresh service per run; FEE_PERCENT and REQUIRED_VOTES are its settings."""
 
     FEE_PERCENT = '0'
     REQUIRED_VOTES = 3
+    STRIPE = False          # the stripe rail for real, on the fake Stripe API (USD jobs paid through Checkout)
 
     def __init__(self):
         super().__init__()
@@ -133,12 +151,20 @@ class MarketMachine(RuleBasedStateMachine):
     @initialize()
     def start_service(self):
         mp.CLOCK.set(START)
+        mp.PANEL_DRAW = None        # set once the database is there (PanelDraw)
         self.fee = Decimal(self.FEE_PERCENT)
+        stripe = {}
+        if self.STRIPE:
+            self.fake = stripe_fake()
+            self.fake.clock = lambda: mp.now().timestamp()      # Stripe's time is the machine's fixed clock
+            stripe = {'stripe_secret_key': self.fake.secret_key, 'stripe_webhook_secret': self.fake.webhook_secret,
+                      'stripe_api_base': self.fake.url, 'allow_simulated_rails': True}    # USDC stays simulated
         settings_ = mp.Settings(db=os.path.join(self.tmp, 'props.db'), rate_limits='off', admin_key=ADMIN_KEY,
                                 public_url='http://market.test', allow_private_webhooks=True,
-                                fee_percent=self.fee, required_votes=self.REQUIRED_VOTES)
+                                fee_percent=self.fee, required_votes=self.REQUIRED_VOTES, **stripe)
         self.app = mp.make_app(settings_)
         self.db = self.app.service.db
+        mp.PANEL_DRAW = PanelDraw(self.db)
         self.client = Client(self.app)
         requesters = [make_account(self.client, f'requester-{n}') for n in range(N_REQUESTERS)]
         self.requester_keys = [key for _, key in requesters]
@@ -149,6 +175,16 @@ class MarketMachine(RuleBasedStateMachine):
             agent, _ = make_agent(self.client, key, name=f'worker-{n}')
             self.workers.append((agent, key))
             worker_accounts.append((account, key))
+        self.payouts_waiting = set()    # stripe mode: workers whose connected account cannot take transfers yet
+        if self.STRIPE:     # every agent onboarded; workers 0-3 finish at Stripe now, 4 later (a rule)
+            for n, (agent, key) in enumerate(self.workers):
+                answer = self.client.post(f'/api/agents/{agent["id"]}/stripe/onboarding', key=key)
+                assert answer.status == 200, answer
+                if n < 4:
+                    self.stripe_event('account.updated', self.fake.enable_payouts(answer.json['accountId']),
+                                      account=answer.json['accountId'])
+                else:
+                    self.payouts_waiting.add(n)
         # Three independent arbitrators, then one owned by worker 0's account and one by requester 0's: those
         # two are parties to some disputes, where they are never drawn and may neither vote nor decide (403
         # conflict_of_interest). The admin activates those five (panels of three always fill) and trusts
@@ -181,6 +217,7 @@ class MarketMachine(RuleBasedStateMachine):
                 self.app.service.close()
         finally:
             mp.CLOCK.set(None)
+            mp.PANEL_DRAW = PANEL_DRAW
             shutil.rmtree(self.tmp, ignore_errors=True)
 
     # Helpers -----------------------------------------------------------------------------------------
@@ -207,6 +244,14 @@ class MarketMachine(RuleBasedStateMachine):
 
     def now_iso(self):
         return mp.iso(mp.now())
+
+    def stripe_event(self, kind, thing, account=None):
+        """Stripe tells the service something (a signed webhook event); the answer's JSON."""
+        payload, signature = self.fake.event(kind, thing, account)
+        answer = self.client.post('/api/stripe/webhook', payload,
+                                  headers={'Stripe-Signature': signature, 'Content-Type': 'application/json'})
+        assert answer.status == 200, answer
+        return answer.json
 
     def job_row(self, job_id):
         return self.db.row('SELECT * FROM jobs WHERE id = :id', {'id': job_id})
@@ -285,14 +330,29 @@ class MarketMachine(RuleBasedStateMachine):
                 'paymentAmount': amount, 'paymentCurrency': currency, 'competitionMode': mode,
                 'maxWorkers': max_workers, 'verificationWindowHours': window_hours, 'claimTimeoutHours': claim_hours,
                 'deadline': mp.iso(mp.now() + timedelta(hours=deadline_hours))}
+        if self.STRIPE:     # hypothesis draws the first currency most: in stripe mode let that be USD, by card
+            currency = body['paymentCurrency'] = {'USDC': 'USD', 'USD': 'USDC'}[currency]
         cents = int(Decimal(amount) * 100)
-        expected = not (mode == 'all-paid' and cents < max_workers)     # no all-paid share of 0.00
-        answer = self.call('POST', '/api/jobs', body, key=self.requester_keys[requester], ok=201, expected=expected)
-        if not expected:
+        by_card = self.STRIPE and currency == 'USD'
+        share_ok = not (mode == 'all-paid' and cents < max_workers)     # no all-paid share of 0.00
+        # by card: the deadline after the Checkout Session's 60 minutes, and at least Stripe's 0.50
+        card_ok = not by_card or (deadline_hours > 1 and cents >= mp.STRIPE_MIN_CENTS)
+        answer = self.call('POST', '/api/jobs', body, key=self.requester_keys[requester], ok=201,
+                           expected=share_ok and card_ok)
+        if not share_ok:
             assert answer.json['fields'] == {'paymentAmount': 'must be at least 0.01 per worker in all-paid mode '
                                              f'({mp.format_cents(max_workers)} for {max_workers} workers)'}
             return
+        if not card_ok:
+            assert set(answer.json['fields']) == {'deadline' if deadline_hours == 1 else 'paymentAmount'}, answer
+            return
         job = answer.json['job']
+        if by_card:         # pending until paid: the requester pays at Checkout, and Stripe's event opens it
+            assert (job['status'], job['escrowStatus'], answer.json['checkoutUrl'][:4]) == \
+                ('pending_payment', 'pending', 'http'), job
+            session = self.db.value('SELECT stripe_session_id FROM jobs WHERE id = :id', {'id': job['id']})
+            assert self.stripe_event('checkout.session.completed', self.fake.complete(session))['outcome'] == 'opened'
+            job = self.call('GET', f'/api/jobs/{job["id"]}').json['job']
         assert (job['status'], job['escrowStatus'], job['paymentAmount']) == ('open', 'locked', amount), job
         self.requester_of[job['id']] = self.requester_keys[requester]
         self.job_ids.append(job['id'])
@@ -383,6 +443,31 @@ class MarketMachine(RuleBasedStateMachine):
                            key=key or self.requester_of[job], expected=expected)
         if answer.status == 200:
             assert answer.json['claim']['status'] == ('approved' if approved else 'rejected'), answer
+
+    @precondition(lambda self: self.STRIPE and self.exists(
+        "SELECT 1 FROM claims c JOIN jobs j ON j.id = c.job_id WHERE c.status = 'delivered' AND j.payment_intent"))
+    @rule(data=st.data(), outage=st.sampled_from(['lost answer', 500, 'drop']))
+    def verify_through_a_stripe_outage(self, data, outage):
+        """Stripe mode: the requester decides a delivery while the next call to Stripe fails (an answer lost after
+        the transfer or refund was made, a 500, a dropped connection). The answer still says what was decided,
+        the payment waits pending, and the sweeps pay it exactly once."""
+        paid_by_card = [claim for claim in self.claim_ids if self.job_row(self.job_of[claim])['payment_intent']]
+        claim = self.pick(data, 'claim', paid_by_card, self.claim_is('delivered'))
+        job, approved = self.job_of[claim], data.draw(st.booleans(), label='approved')
+        expected = self.claim_row(claim)['status'] == 'delivered' and not (
+            approved and self.job_row(job)['competition_mode'] != 'all-paid'
+            and self.count_claims(job, ('disputed',), but=claim))
+        note(f'{"approve" if approved else "reject"} {self.label("claim", claim)}; Stripe outage: {outage}')
+        self.fake.fail_next(1, 'drop' if outage == 'drop' else 500, after=outage == 'lost answer')
+        self.call('POST', f'/api/jobs/{job}/verify', {'claimId': claim, 'approved': approved},
+                  key=self.requester_of[job], expected=expected)
+        self.stripe_retries()
+
+    def stripe_retries(self):
+        """The sweeps after an outage: each sends what is due (a failure ends its round); the next one retries."""
+        self.fake.clear_failures()
+        for _ in range(2):
+            mp.send_stripe_payments(self.db, self.app.service.settings)
 
     @precondition(lambda self: self.exists("SELECT 1 FROM claims WHERE status = 'delivered'"))
     @rule(data=st.data())
@@ -690,6 +775,46 @@ class MarketMachine(RuleBasedStateMachine):
                 assert row['score_after'] == score, (agent['id'], row)
             assert self.db.value('SELECT reputation FROM agents WHERE id = :id', {'id': agent['id']}) == score
 
+    @precondition(lambda self: self.STRIPE and self.payouts_waiting)
+    @rule(data=st.data(), outage=st.sampled_from([None, 500, 'drop', 'lost answer']))
+    def payouts_enabled(self, data, outage):
+        """A worker finishes onboarding at Stripe; the waiting transfers go out, through an outage of Stripe
+        (a 500, a dropped connection, or an answer lost after the transfer was made) and the sweeps' retries."""
+        worker = data.draw(st.sampled_from(sorted(self.payouts_waiting)), label='worker')
+        self.payouts_waiting.discard(worker)
+        account = self.db.value('SELECT stripe_account_id FROM agents WHERE id = :id',
+                                {'id': self.workers[worker][0]['id']})
+        note(f'worker {worker} can take transfers now; Stripe outage: {outage}')
+        self.stripe_event('account.updated', self.fake.enable_payouts(account), account=account)
+        if outage:
+            self.fake.fail_next(1, 'drop' if outage == 'drop' else 500, after=outage == 'lost answer')
+        mp.send_stripe_payments(self.db, self.app.service.settings)
+        self.stripe_retries()
+
+    @invariant()
+    def stripe_money_moves_once(self):
+        """Stripe mode: every confirmed transfer or refund is one object at Stripe, of its record's amount, to the
+        worker's connected account (or of the job's PaymentIntent); Stripe made nothing else; a release waits
+        pending only for a worker who cannot take transfers yet."""
+        if not self.STRIPE:
+            return
+        records = self.db.rows('''SELECT p.*, j.payment_intent, a.stripe_account_id, a.stripe_payouts_enabled
+            FROM payments p JOIN jobs j ON j.id = p.job_id LEFT JOIN claims c ON c.id = p.claim_id
+            LEFT JOIN agents a ON a.id = c.agent_id
+            WHERE j.payment_intent IS NOT NULL AND p.type IN ('release', 'refund')''')
+        made = {**{t['id']: ('release', t['amount'], t['destination']) for t in self.fake.transfer_list()},
+                **{r['id']: ('refund', r['amount'], r['payment_intent']) for r in self.fake.refund_list()}}
+        confirmed = {}
+        for record in records:
+            if record['status'] == 'confirmed':
+                assert record['reference'] not in confirmed, record
+                to = record['stripe_account_id'] if record['type'] == 'release' else record['payment_intent']
+                confirmed[record['reference']] = (record['type'], record['amount'], to)
+            else:
+                assert record['status'] == 'pending', record
+                assert record['type'] == 'release' and not record['stripe_payouts_enabled'], record
+        assert confirmed == made
+
     @invariant()
     def job_counts_are_exact(self):
         counted = self.db.rows('SELECT category, status, count(*) AS jobs FROM jobs GROUP BY 1, 2 ORDER BY 1, 2')
@@ -714,7 +839,28 @@ class OddFeeOneVoteMachine(MarketMachine):
     REQUIRED_VOTES = 1
 
 
+class StripeFeeMachine(MarketMachine):
+    FEE_PERCENT = '2.5'
+    REQUIRED_VOTES = 3
+    STRIPE = True
+
+
+STRIPE_FAKE = []        # the one fake Stripe API of the stripe machine's runs, started on first use
+
+
+def stripe_fake():
+    """The fake Stripe API (tests/fake_stripe.py), emptied for a new run."""
+    if not STRIPE_FAKE:
+        STRIPE_FAKE.append(FakeStripe().start())
+    STRIPE_FAKE[0].reset()
+    return STRIPE_FAKE[0]
+
+
 TestLedgerNoFee = NoFeeMachine.TestCase
 TestLedgerFee = FeeMachine.TestCase
 TestLedgerOddFeeOneVote = OddFeeOneVoteMachine.TestCase
+TestLedgerStripe = StripeFeeMachine.TestCase
 TestLedgerNoFee.settings = TestLedgerFee.settings = TestLedgerOddFeeOneVote.settings = settings.get_profile(PROFILE)
+# The stripe machine takes more runs, to reach deeper into jobs paid by card (ci: 20 → 40; make fuzz: 500)
+TestLedgerStripe.settings = settings(settings.get_profile(PROFILE),
+                                     max_examples=max(40, settings.get_profile(PROFILE).max_examples))

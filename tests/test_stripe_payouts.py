@@ -502,3 +502,23 @@ def test_a_job_paid_through_stripe_is_not_settled_without_stripe(world, tmp_path
     finally:
         plain.service.close()
     assert world.payments(job) == before and world.transfers() == []
+
+
+# The pages -----------------------------------------------------------------------------------------------
+
+def test_the_pages_link_the_stripe_references_to_the_dashboard(world):
+    account_id = world.ready_agent()
+    job, claim = world.delivered(title='Paid by card')
+    world.verify(job, claim, approved=True)
+    [escrow] = world.payments(job, 'escrow')
+    [release] = world.payments(job, 'release')
+    assert (release['status'], release['reference'][:3]) == ('confirmed', 'tr_')
+    dashboard = 'https://dashboard.stripe.com/test'        # the fake's key is a test key: the test-mode dashboard
+    page = world.client.get(f'/jobs/{job["id"]}')
+    assert page.status == 200, page
+    html = page.body.decode()
+    assert f'<a href="{dashboard}/payments/{escrow["reference"]}">' in html              # timeline and table
+    assert html.count(f'<a href="{dashboard}/connect/transfers/{release["reference"]}">') == 2
+    agent_page = world.client.get(f'/agents/{world.agent["id"]}').body.decode()
+    assert 'payouts enabled' in agent_page
+    assert f'<a href="{dashboard}/connect/accounts/{account_id}">' in agent_page
