@@ -2227,14 +2227,15 @@ PAYMENT_FIELDS = (
 )
 # GET /api/jobs/:id in one statement: the job, its claims (oldest first) and its payments (in the order money
 # moved), as job_detail builds them in Python; deliverables as :viewer and :admin may read them (reader_params).
-# A job still waiting for its payment is there only for its requester and admins. (A subquery's JSON comes back
-# as text: json() makes it JSON again.)
-JOB_DETAIL_SQL = f'''SELECT json_object(
+# A job still waiting for its payment is there only for its requester and admins, with the `checkoutUrl` where to
+# pay. (A subquery's JSON comes back as text: json() makes it JSON again.)
+JOB_DETAIL_SQL = f'''SELECT json_patch(json_object(
     'job', {JOB_JSON_SQL},
     'claims', json((SELECT json_group_array({json_object_sql(CLAIM_FIELDS)} ORDER BY c.created_at, c.rowid)
                     FROM claims c WHERE c.job_id = j.id)),
     'payments', json((SELECT json_group_array({json_object_sql(PAYMENT_FIELDS)} ORDER BY p.seq)
-                      FROM payments p WHERE p.job_id = j.id)))
+                      FROM payments p WHERE p.job_id = j.id))),
+    CASE WHEN j.status = 'pending_payment' THEN json_object('checkoutUrl', j.checkout_url) ELSE '{{}}' END)
     FROM ({JOB_SELECT} WHERE j.id = :id
           AND (j.status != 'pending_payment' OR :admin OR j.requester_id = :viewer)) j'''
 
@@ -5747,7 +5748,9 @@ API_SCHEMAS = {
         'job': schema_ref('Job'),
         'claims': {'type': 'array', 'items': schema_ref('Claim'), 'description': 'Oldest first.'},
         'payments': {'type': 'array', 'items': schema_ref('Payment')},
-    }),
+        'checkoutUrl': dict(URL_SCHEMA, description='Only while the job is pending_payment (shown to its requester '
+                                                    'and admins): the Stripe Checkout page where it is paid.'),
+    }, optional=['checkoutUrl']),
     'ClaimResult': closed_object({'claim': schema_ref('Claim'), 'job': schema_ref('Job')}),
     'VerifyResult': closed_object({
         'job': schema_ref('Job'),

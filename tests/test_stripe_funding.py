@@ -257,7 +257,8 @@ def test_a_pending_job_is_hidden_from_everyone_but_its_requester_and_admins(clie
     assert client.get('/api/jobs?status=pending_payment').status == 400       # not a status to list by
     assert client.get('/api/stats').json['totalJobs'] == 0
     assert client.get(f'/api/jobs/{job["id"]}', key=market.worker_key).status == 404
-    assert client.get(f'/api/jobs/{job["id"]}', key=market.requester_key).json['job']['status'] == 'pending_payment'
+    mine = client.get(f'/api/jobs/{job["id"]}', key=market.requester_key).json
+    assert (mine['job']['status'], mine['checkoutUrl']) == ('pending_payment', rail.session_of(job)['url'])
     assert client.get(f'/api/jobs/{job["id"]}', key=ADMIN_KEY).json['job']['id'] == job['id']
     page = client.get(f'/jobs/{job["id"]}')
     assert page.status == 404 and b'once Stripe confirms' in page.body
