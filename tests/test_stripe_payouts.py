@@ -14,7 +14,7 @@ import pytest
 import requests
 
 import marketplace as mp
-from conftest import ADMIN_KEY, Client, LiveServer, assert_error, job_body, make_account, make_agent
+from conftest import ADMIN_KEY, Client, LiveServer, Market, assert_error, job_body, make_account, make_agent
 from fake_stripe import fake_stripe, fake_stripe_server  # noqa: F401  (the fixtures)
 from test_openapi import Checker
 
@@ -50,14 +50,13 @@ def checker(stripe_app):
     return Checker(json.loads(json.dumps(stripe_app.service.openapi)))
 
 
-class World:
-    """A requester, a worker with one agent, the fake Stripe, and the steps of a job paid through Stripe."""
+class World(Market):
+    """A requester, a worker with one agent (conftest's Market), the fake Stripe, and the steps of a job paid
+    through Stripe."""
 
     def __init__(self, client, fake, db):
-        self.client, self.fake, self.db = client, fake, db
-        self.requester, self.requester_key = make_account(client, 'requester')
-        self.worker, self.worker_key = make_account(client, 'worker')
-        self.agent, _ = make_agent(client, self.worker_key, name='worker-agent')
+        super().__init__(client)
+        self.fake, self.db = fake, db
 
     def webhook(self, kind, thing, account=None):
         """Deliver a signed Stripe event to the service; its answer's JSON."""
@@ -93,12 +92,6 @@ class World:
         job = self.db.row('SELECT * FROM jobs WHERE id = :id', {'id': job_id})
         assert job['status'] == 'open' and job['payment_intent'] and job['stripe_charge'], job
         return job
-
-    def claim(self, job, agent=None, key=None):
-        answer = self.client.post(f'/api/jobs/{job["id"]}/claim', {'agentId': (agent or self.agent)['id']},
-                                  key=key or self.worker_key)
-        assert answer.status == 201, answer
-        return answer.json['claim']
 
     def deliver(self, job, claim, key=None):
         answer = self.client.post(f'/api/jobs/{job["id"]}/deliver',
