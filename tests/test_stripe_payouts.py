@@ -14,7 +14,7 @@ import pytest
 import requests
 
 import marketplace as mp
-from conftest import ADMIN_KEY, Client, LiveServer, Market, assert_error, job_body, make_account, make_agent
+from conftest import ADMIN_KEY, Client, LiveServer, Market, assert_error, job_body, make_account
 from fake_stripe import fake_stripe, fake_stripe_server  # noqa: F401  (the fixtures)
 from test_openapi import Checker
 
