@@ -389,7 +389,7 @@ def test_sigkill_between_the_answer_and_the_transfer_pays_once(tmp_path, fake_st
         if server.process.poll() is None:
             server.process.kill()
             server.process.wait(10)
-    time.sleep(3.5)                             # the held request runs: Stripe made the transfer, nobody heard
+    wait_for(lambda: fake_stripe.transfer_list())   # the held request runs: Stripe made the transfer, nobody heard
     assert len(fake_stripe.transfer_list()) == 1
     again = LiveServer(db, ['--sweep-interval', '0.5'], env=env).start()
     try:
