@@ -462,69 +462,55 @@ MIGRATIONS = {
                         SELECT category, status, count(*) FROM jobs GROUP BY category, status;''',
     },
     4: {        # money that cannot be taken (CONTRACT 18): exempt accounts, env admin keys, claim time-outs,
-                # panels; arbitrators gain `pending` and `trusted` (a CHECK changes: the table is rebuilt, and
-                # votes with it, since a table others reference cannot be dropped). Agent arbitrators made
-                # under the old rules wait for an admin again: ten cheap jobs made them arbitrators.
-        'before': '''
-            ALTER TABLE accounts ADD COLUMN x402_exempt INTEGER NOT NULL DEFAULT 0;
-            ALTER TABLE api_keys ADD COLUMN from_env INTEGER NOT NULL DEFAULT 0;
-            UPDATE api_keys SET from_env = 1 WHERE prefix LIKE '%…';   -- ensure_admin_key's prefix: 'abcd…'
-            ALTER TABLE jobs ADD COLUMN claim_timeout_hours INTEGER NOT NULL DEFAULT 24;
-            ALTER TABLE disputes ADD COLUMN needs_admin INTEGER NOT NULL DEFAULT 0;
-            CREATE TABLE arbitrators_v4 (
-                id              TEXT PRIMARY KEY,
-                account_id      TEXT NOT NULL REFERENCES accounts(id),
-                agent_id        TEXT UNIQUE REFERENCES agents(id),
-                name            TEXT NOT NULL,
-                wallet_address  TEXT NOT NULL,
-                status          TEXT NOT NULL CHECK (status IN ('pending', 'active', 'suspended')),
-                created_at      TEXT NOT NULL,
-                updated_at      TEXT NOT NULL,
-                trusted         INTEGER NOT NULL DEFAULT 0);
-            INSERT INTO arbitrators_v4 SELECT id, account_id, agent_id, name, wallet_address,
-                CASE WHEN status = 'active' AND agent_id IS NOT NULL THEN 'pending' ELSE status END,
-                created_at, updated_at, 0 FROM arbitrators;
-            CREATE TABLE votes_v4 (
-                id              TEXT PRIMARY KEY,
-                dispute_id      TEXT NOT NULL REFERENCES disputes(id),
-                arbitrator_id   TEXT NOT NULL REFERENCES arbitrators_v4(id),
-                vote            TEXT NOT NULL CHECK (vote IN ('requester', 'worker')),
-                reasoning       TEXT NOT NULL DEFAULT '',
-                created_at      TEXT NOT NULL,
-                UNIQUE (dispute_id, arbitrator_id));
-            INSERT INTO votes_v4 SELECT id, dispute_id, arbitrator_id, vote, reasoning, created_at FROM votes;
-            DROP TABLE votes;
-            DROP TABLE arbitrators;
-            ALTER TABLE arbitrators_v4 RENAME TO arbitrators;
-            ALTER TABLE votes_v4 RENAME TO votes;''',
+                # panels; arbitrators gain `pending` (their CHECK widened in place: see widen_checks) and
+                # `trusted`. Agent arbitrators made under the old rules wait for an admin again: ten cheap jobs
+                # made them arbitrators.
+        'before': lambda db: (
+            widen_checks(db, 'arbitrators', ("('active', 'suspended')", "('pending', 'active', 'suspended')")),
+            db.conn.execute('''
+                ALTER TABLE accounts ADD COLUMN x402_exempt INTEGER NOT NULL DEFAULT 0;
+                ALTER TABLE api_keys ADD COLUMN from_env INTEGER NOT NULL DEFAULT 0;
+                UPDATE api_keys SET from_env = 1 WHERE prefix LIKE '%…';   -- ensure_admin_key's prefix: 'abcd…'
+                ALTER TABLE jobs ADD COLUMN claim_timeout_hours INTEGER NOT NULL DEFAULT 24;
+                ALTER TABLE disputes ADD COLUMN needs_admin INTEGER NOT NULL DEFAULT 0;
+                ALTER TABLE arbitrators ADD COLUMN trusted INTEGER NOT NULL DEFAULT 0;
+                UPDATE arbitrators SET status = 'pending' WHERE status = 'active' AND agent_id IS NOT NULL;''')),
     },
     5: {        # the stripe rail for real (CONTRACT 12): jobs gain `pending_payment` and escrow `pending` (CHECKs
-                # changed in place: see widen_job_checks), Stripe ids on jobs, payments and agents, stripe_events
-        'before': lambda db: (widen_job_checks(db), db.conn.execute('''
-            ALTER TABLE jobs ADD COLUMN stripe_session_id TEXT;
-            ALTER TABLE jobs ADD COLUMN checkout_url TEXT;
-            ALTER TABLE jobs ADD COLUMN checkout_expires_at TEXT;
-            ALTER TABLE jobs ADD COLUMN payment_intent TEXT;
-            ALTER TABLE jobs ADD COLUMN stripe_charge TEXT;
-            ALTER TABLE payments ADD COLUMN reference TEXT;
-            ALTER TABLE agents ADD COLUMN stripe_account_id TEXT;
-            ALTER TABLE agents ADD COLUMN stripe_payouts_enabled INTEGER NOT NULL DEFAULT 0;''')),
+                # widened in place), Stripe ids on jobs, payments and agents; schema.sql adds stripe_events
+        'before': lambda db: (
+            widen_checks(db, 'jobs', ("('open', 'claimed',", "('pending_payment', 'open', 'claimed',"),
+                         ("('locked', 'released', 'refunded')", "('pending', 'locked', 'released', 'refunded')")),
+            db.conn.execute('''
+                ALTER TABLE jobs ADD COLUMN stripe_session_id TEXT;
+                ALTER TABLE jobs ADD COLUMN checkout_url TEXT;
+                ALTER TABLE jobs ADD COLUMN checkout_expires_at TEXT;
+                ALTER TABLE jobs ADD COLUMN payment_intent TEXT;
+                ALTER TABLE jobs ADD COLUMN stripe_charge TEXT;
+                ALTER TABLE payments ADD COLUMN reference TEXT;
+                ALTER TABLE agents ADD COLUMN stripe_account_id TEXT;
+                ALTER TABLE agents ADD COLUMN stripe_payouts_enabled INTEGER NOT NULL DEFAULT 0;''')),
     },
 }
 
 
-def widen_job_checks(db):
-    """Let jobs take status `pending_payment` and escrow `pending` in an existing database. A CHECK cannot be
-    altered, and the jobs table (referenced by most others, with its FTS and count triggers) is not rebuilt: its
-    schema text is edited in place, as SQLite documents for changes that every existing row still satisfies."""
+def widen_checks(db, table, *replacements):
+    """Let a table's CHECKs take more values in an existing database: each (old, new) text is replaced in its
+    schema, as SQLite documents for changes that every existing row still satisfies. A CHECK cannot be altered, and
+    rebuilding a table that others reference (jobs, with its FTS and count triggers; arbitrators, with votes) would
+    mean rebuilding them too. A schema without the old text refuses to migrate."""
+    sql = db.value("SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = :table", {'table': table})
+    for old, new in replacements:
+        if old not in sql:
+            raise RuntimeError(f'migration: the {table} table has no {old} to widen; its schema is not as expected')
+        sql = sql.replace(old, new, 1)
     version = db.value('PRAGMA schema_version')
     db.conn.execute('PRAGMA writable_schema = ON')
-    db.execute('''UPDATE sqlite_schema SET sql = replace(replace(sql,
-                      '(''open'', ''claimed'',', '(''pending_payment'', ''open'', ''claimed'','),
-                      '(''locked'', ''released'', ''refunded'')', '(''pending'', ''locked'', ''released'', ''refunded'')')
-                  WHERE type = 'table' AND name = 'jobs' ''')
+    db.execute("UPDATE sqlite_schema SET sql = :sql WHERE type = 'table' AND name = :table", {'sql': sql, 'table': table})
     db.conn.execute(f'PRAGMA schema_version = {version + 1}')
     db.conn.execute('PRAGMA writable_schema = OFF')
+
+
 SCHEMA_SQL = (HERE / 'schema.sql').read_text()
 
 
@@ -789,17 +775,14 @@ def real_rails(settings):
 def lock_escrow(db, job, funding=None, payment_intent=None):
     """Move the job's price (on chain: all the funding transfer brought) from the requester into escrow. In
     stripe mode the money sits in the platform's Stripe balance, paid by `payment_intent` (a Checkout)."""
+    lock = functools.partial(record_payment, db, job, 'escrow', debit=f'funding:{job["requester_id"]}',
+                             credit=escrow_account(job['id']))
+    if funding is not None:
+        return lock(funding['amount'], recipient=funding['to'], status='confirmed', tx_hash=funding['tx_hash'])
+    price = cents_to_units(job['amount_cents'], job['currency'])
     if payment_intent is not None:
-        return record_payment(db, job, 'escrow', cents_to_units(job['amount_cents'], job['currency']),
-                              debit=f'funding:{job["requester_id"]}', credit=escrow_account(job['id']),
-                              recipient='platform', status='confirmed', reference=payment_intent)
-    if funding is None:
-        return record_payment(db, job, 'escrow', cents_to_units(job['amount_cents'], job['currency']),
-                              debit=f'funding:{job["requester_id"]}', credit=escrow_account(job['id']),
-                              recipient='escrow')
-    return record_payment(db, job, 'escrow', funding['amount'], debit=f'funding:{job["requester_id"]}',
-                          credit=escrow_account(job['id']), recipient=funding['to'], status='confirmed',
-                          tx_hash=funding['tx_hash'])
+        return lock(price, recipient='platform', status='confirmed', reference=payment_intent)
+    return lock(price, recipient='escrow')
 
 
 def pay_out(db, settings, job, kind, amount, *, debit, credit, recipient, claim_id=None):

@@ -607,3 +607,19 @@ def test_a_new_database_gets_the_schema_without_migrations(tmp_path):
     db.migrate(mp.SCHEMA_SQL, {2: not_sql, 3: not_sql, 4: not_sql, 5: not_sql})     # a new database runs no migration
     assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 5
     db.close()
+
+
+def test_widening_a_check_refuses_a_schema_it_does_not_know(tmp_path):
+    """widen_checks edits a CHECK's text in place; a table whose text is not the expected one stops the migration."""
+    db = mp.Database(tmp_path / 'odd.db')
+    db.execute("CREATE TABLE things (status TEXT CHECK (status IN ('a', 'b')))")
+    with pytest.raises(RuntimeError, match="no \\('a', 'c'\\)"):
+        with db.transaction():
+            mp.widen_checks(db, 'things', ("('a', 'c')", "('a', 'c', 'd')"))
+    with db.transaction():
+        mp.widen_checks(db, 'things', ("('a', 'b')", "('a', 'b', 'c')"))
+    db.execute("INSERT INTO things VALUES ('c')")
+    with pytest.raises(apsw.ConstraintError):
+        db.execute("INSERT INTO things VALUES ('d')")
+    assert db.value('PRAGMA integrity_check') == 'ok'
+    db.close()
