@@ -229,6 +229,13 @@ SETTINGS = [
             'take the client IP from the last X-Forwarded-For entry (only behind your own proxy)'),
     Setting('shutdown_timeout', 10.0, parse_positive(float),
             'seconds SIGTERM waits for requests in flight before closing them'),
+    Setting('header_timeout', 10.0, parse_positive(float),
+            'seconds the request line and all headers of a request may take to arrive, in all'),
+    Setting('keepalive_timeout', 75.0, parse_positive(float),
+            'seconds a kept-alive connection may wait idle for its next request'),
+    Setting('max_connections_per_ip', 64, parse_positive(int),
+            'open connections from one client address (IPv6: one /64); more are closed at once'),
+    Setting('max_connections', 4096, parse_positive(int), 'open connections in all; more are closed at once'),
     Setting('sweep_interval', 60.0, parse_positive(float),
             'seconds between the automatic expire and auto-verify sweeps (the first runs one interval after start)'),
     Setting('required_votes', 3, parse_odd, 'arbitrator votes that decide a dispute (odd)'),
@@ -1523,6 +1530,19 @@ RATE_LIMITS = {
     'read': 60, 'jobs_create': 20, 'agents_create': 10, 'job_action': 30, 'registration': 10,
     'votes': 30, 'arbitrators': 10, 'webhook_test': 10, 'sweeps': 60, 'pages': 600,
 }
+
+
+def address_group(ip):
+    """The group of client addresses that shares a limit: an IPv4 address itself, an IPv6 address its /64."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip
+    if address.version == 4:
+        return str(address)
+    if address.ipv4_mapped:
+        return str(address.ipv4_mapped)
+    return str(ipaddress.IPv6Network((int(address) >> 64 << 64, 64)))
 
 
 class RateLimiter:
@@ -6614,9 +6634,14 @@ def sweep_forever(service):
 PROTOCOL_ERRORS = {
     400: ('Bad Request', 'bad_request', 'The request is not valid HTTP/1.1 (its request line, a header or '
                                         'Content-Length), or has more than 100 headers.'),
+    408: ('Request Timeout', 'request_timeout', 'The request line and headers did not all arrive in time.'),
     414: ('URI Too Long', 'uri_too_long', 'The request line is longer than 8192 bytes; send long input in a '
                                           'POST body.'),
 }
+MAX_HEADERS = 100               # header lines in one request
+MAX_HEADER_BYTES = 65536        # all the header lines of one request together
+FILES_BESIDE_CONNECTIONS = 256  # open files the process needs beside its connections: database, logs, webhooks
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 def protocol_error(status):
@@ -6628,28 +6653,155 @@ def protocol_error(status):
             f'Content-Length: {len(body)}\r\n\r\n').encode() + body
 
 
+class MalformedRequest(ValueError):
+    """A request whose framing could be read two ways (a smuggling risk): answered 400 and closed."""
+
+
+def line_content(line):
+    """A request or header line without its line end; MalformedRequest if a bare CR is left in it."""
+    content = line[:-2] if line.endswith(b'\r\n') else line.rstrip(b'\n')
+    if b'\r' in content:
+        raise MalformedRequest('a bare CR in the request line or a header')
+    return content
+
+
+def framing_problem(header_lines):
+    """Why a request's body boundary is ambiguous (None when it is not), from its raw header lines.
+
+    Every line must be `token: value` (no space before the colon, no folded continuation); every
+    Content-Length all ASCII digits and all of them equal; Transfer-Encoding only `chunked`, once, and
+    never with a Content-Length.
+    """
+    lengths, codings = [], []
+    for line in header_lines:
+        name, colon, value = line_content(line).partition(b':')
+        if not colon or not _TOKEN.fullmatch(name):
+            return f'a malformed header line {line[:100]!r}'
+        value = value.strip(b' \t')
+        if name.lower() == b'content-length':
+            if not value.isdigit():         # bytes.isdigit is ASCII digits only
+                return f'a Content-Length that is not a number: {value[:40]!r}'
+            lengths.append(int(value))
+        elif name.lower() == b'transfer-encoding':
+            codings.append(value.lower())
+    if len(set(lengths)) > 1:
+        return 'Content-Length headers that differ'
+    if codings and lengths:
+        return 'both Content-Length and Transfer-Encoding'
+    if codings and codings != [b'chunked']:
+        return f'a Transfer-Encoding other than chunked: {b", ".join(codings)[:60]!r}'
+    return None
+
+
+def raise_open_files_limit(settings):
+    """Raise this process's soft limit on open files toward the hard limit, so the connection caps can be reached."""
+    try:
+        import resource
+    except ImportError:         # not a Unix
+        return
+    wanted = settings.max_connections + FILES_BESIDE_CONNECTIONS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning('could not raise the open files limit from %s to %s: %s', soft, target, exc)
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        log.warning('the hard limit on open files (%s) is below --max-connections (%s) plus %s: connections will '
+                    'fail before the cap; raise it (ulimit -Hn, or LimitNOFILE= in a systemd unit)',
+                    hard, settings.max_connections, FILES_BESIDE_CONNECTIONS)
+
+
 def make_server(app, settings):
-    """gevent's WSGI server with TCP_NODELAY on every accepted connection and a graceful stop.
+    """gevent's WSGI server with time-outs, connection caps, strict framing, TCP_NODELAY and a graceful stop.
 
     Without TCP_NODELAY a kept-alive client waits ~40 ms per request: Nagle's algorithm holds the
     response's last segment until the client's delayed ACK arrives.
+
+    A request's line and headers must all arrive within --header-timeout seconds (counted from the
+    connection's start, then from the first byte of each next request; else 408 and closed); a kept-alive
+    connection may wait --keepalive-timeout seconds for its next request, else it is closed silently. Nothing limits the time of a response (a stream stays open). A connection beyond
+    --max-connections-per-ip from one address group or --max-connections in all is closed as soon as it
+    is accepted, before anything is read. A request whose body boundary is ambiguous gets 400 and closed.
 
     stop(timeout) stops accepting, closes kept-alive connections waiting for their next request,
     lets requests in flight finish (then closes their connections) and kills what still runs after
     `timeout` seconds. Handlers run in a pool so that stop() can wait for them.
     """
+    import gevent
     from gevent.pool import Pool
-    from gevent.pywsgi import WSGIHandler, WSGIServer
+    from gevent.pywsgi import MAX_REQUEST_LINE, WSGIHandler, WSGIServer
 
     class Handler(WSGIHandler):
+        requests_started = 0
+        header_lines = ()
+        refusal = None              # the status that answers the request being read, when it is refused
+
         def read_requestline(self):
+            """The request line once the whole header block is in; '' closes the connection."""
             if self.server.stopping:
                 return ''                   # no new request on this connection: close it
             self.server.idle.add(self)
             try:
-                return super().read_requestline()
+                return self.read_request_head()
             finally:
                 self.server.idle.discard(self)
+
+        def read_request_head(self):
+            """Wait for a request (keep-alive time-out), then read its line and headers (header time-out)."""
+            self.refusal, self.header_lines = None, []
+            if self.requests_started:
+                idle = gevent.Timeout(settings.keepalive_timeout)
+                try:
+                    with idle:
+                        if not self.rfile.peek(1):
+                            return ''       # the client closed it
+                except gevent.Timeout as exc:
+                    if exc is not idle:
+                        raise
+                    return ''
+            self.requests_started += 1
+            deadline = gevent.Timeout(settings.header_timeout)
+            try:
+                with deadline:
+                    line = self.rfile.readline(MAX_REQUEST_LINE)
+                    if len(line) >= MAX_REQUEST_LINE:
+                        return line.decode('latin-1')       # gevent answers 414
+                    if not line.endswith(b'\n'):
+                        return ''                           # the client closed it
+                    size = 0
+                    while (header := self.rfile.readline(MAX_HEADER_BYTES + 1)) not in (b'\r\n', b'\n'):
+                        if not header.endswith(b'\n'):
+                            if len(header) <= MAX_HEADER_BYTES:
+                                return ''   # the client closed it in the middle
+                            self.refusal = 400
+                            break
+                        self.header_lines.append(header)
+                        size += len(header)
+                        if size > MAX_HEADER_BYTES or len(self.header_lines) > MAX_HEADERS:
+                            self.refusal = 400
+                            break
+            except gevent.Timeout as exc:
+                if exc is not deadline:
+                    raise
+                self.refusal = 408
+                return 'HEADERS NOT-IN-TIME HTTP/1.1'      # what the access log shows; read_request refuses it
+            return line.decode('latin-1')
+
+        def read_request(self, raw_requestline):
+            self.requestline = raw_requestline.rstrip()     # for the access log, also when refused
+            if self.refusal:
+                raise MalformedRequest(PROTOCOL_ERRORS[self.refusal][2])
+            line_content(raw_requestline.encode('latin-1'))
+            problem = framing_problem(self.header_lines)
+            if problem:
+                self.refusal = 400
+                raise MalformedRequest(problem)
+            return super().read_request(raw_requestline)
+
+        def MessageClass(self, fp, *args):
+            return super().MessageClass(io.BytesIO(b''.join(self.header_lines) + b'\r\n'), *args)
 
         def handle_one_response(self):
             if self.server.stopping:
@@ -6659,7 +6811,8 @@ def make_server(app, settings):
         def handle_one_request(self):
             result = super().handle_one_request()
             if isinstance(result, tuple):       # refused before the app: gevent's answer has an empty body
-                result = (result[0], protocol_error(int(result[0])))
+                status = self.refusal or int(result[0])
+                result = (str(status), protocol_error(status))
             return result
 
     class Server(WSGIServer):
@@ -6669,6 +6822,40 @@ def make_server(app, settings):
             super().__init__(*args, **kwargs)
             self.stopping = False
             self.idle = set()
+            self.open_connections = 0
+            self.open_by_group = {}
+            self.refused_connections = 0
+            self.refusals_logged_at = 0.0
+
+        def do_handle(self, sock, address):
+            group = address_group(address[0]) if isinstance(address, tuple) else ''
+            if (self.open_connections >= settings.max_connections
+                    or self.open_by_group.get(group, 0) >= settings.max_connections_per_ip):
+                sock.close()
+                self.note_refusal(group)
+                return
+            self.open_connections += 1
+            self.open_by_group[group] = self.open_by_group.get(group, 0) + 1
+            super().do_handle(sock, address)
+
+        def do_close(self, sock, address):
+            try:
+                super().do_close(sock, address)
+            finally:
+                group = address_group(address[0]) if isinstance(address, tuple) else ''
+                self.open_connections -= 1
+                self.open_by_group[group] -= 1
+                if not self.open_by_group[group]:
+                    del self.open_by_group[group]
+
+        def note_refusal(self, group):
+            """Count a connection closed by a cap; log the count at most once a minute."""
+            self.refused_connections += 1
+            moment = time.monotonic()
+            if moment - self.refusals_logged_at >= 60:
+                log.warning('closed %s connections over the caps (the last from %s; %s open in all)',
+                            self.refused_connections, group, self.open_connections)
+                self.refused_connections, self.refusals_logged_at = 0, moment
 
         def handle(self, sock, address):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -6696,6 +6883,7 @@ def serve(settings):
     import gevent
     app = make_app(settings)
     app.service.background = True
+    raise_open_files_limit(settings)
     server = make_server(app, settings)
 
     def stop(signum):
