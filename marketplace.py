@@ -6632,8 +6632,9 @@ def sweep_forever(service):
 
 
 PROTOCOL_ERRORS = {
-    400: ('Bad Request', 'bad_request', 'The request is not valid HTTP/1.1 (its request line, a header or '
-                                        'Content-Length), or has more than 100 headers.'),
+    400: ('Bad Request', 'bad_request', 'The request is not valid HTTP/1.1 (its request line, a header, '
+                                        'Content-Length or Transfer-Encoding), or has more than 100 headers '
+                                        'or 64 KiB of them.'),
     408: ('Request Timeout', 'request_timeout', 'The request line and headers did not all arrive in time.'),
     414: ('URI Too Long', 'uri_too_long', 'The request line is longer than 8192 bytes; send long input in a '
                                           'POST body.'),
