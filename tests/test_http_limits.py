@@ -14,6 +14,7 @@ import pytest
 
 import marketplace as mp
 from conftest import LiveServer
+from test_server import Output
 
 HEADER_TIMEOUT = 2.0        # --header-timeout of the module's server
 KEEPALIVE_TIMEOUT = 3.0     # --keepalive-timeout of the module's server
@@ -31,6 +32,7 @@ def server(tmp_path_factory):
     live = LiveServer(tmp_path_factory.mktemp('http') / 'live.db',
                       ['--header-timeout', str(HEADER_TIMEOUT), '--keepalive-timeout', str(KEEPALIVE_TIMEOUT),
                        '--stream-heartbeat', '0.5']).start()
+    live.output = Output(live)      # a full pipe would block the server
     yield live
     live.process.kill()
     live.process.wait(10)
@@ -147,6 +149,7 @@ def test_1100_half_sent_header_blocks_from_one_address_leave_health_fast(server)
     assert {attacker.answer.split(b'\r\n')[0] for attacker in kept} == {b'HTTP/1.1 408 Request Timeout'}
     held = sorted(attacker.closed - attacker.opened for attacker in kept)
     assert HEADER_TIMEOUT - EARLY <= held[0] and held[-1] <= HEADER_TIMEOUT + LATE, held
+    assert server.output.wait_for('connections over the caps (the last from 127.0.0.2;')
 
 
 def test_a_client_dribbling_its_headers_is_cut_at_the_header_timeout(server):
@@ -278,6 +281,7 @@ def test_the_65th_connection_from_one_address_is_closed_while_another_address_co
 
 def test_connections_over_max_connections_are_closed_from_any_address(tmp_path):
     capped = LiveServer(tmp_path / 'capped.db', ['--max-connections', '20']).start()
+    Output(capped)
     try:
         held = [connect(capped, '127.0.0.6') for _ in range(20)]
         time.sleep(0.2)     # the server has accepted the 20 (and closed the health checks of start())
