@@ -213,7 +213,8 @@ def main(argv=None):
             port = free_port()
             base = f'http://127.0.0.1:{port}'
             server = [python, 'marketplace.py', 'serve', '--db', str(db), '--port', str(port), '--rate-limits',
-                      'off', '--sweep-interval', '3600']
+                      'off', '--sweep-interval', '3600', '--max-connections', str(needed),
+                      '--max-connections-per-ip', str(needed)]      # every stream and wrk connection is from 127.0.0.1
             with Process(server, port, env={'MARKETPLACE_ADMIN_KEY': ADMIN_KEY}) as running:
                 pid = running.process.pid
                 measure('GET /api/health', f'{base}/api/health')

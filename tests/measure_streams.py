@@ -73,7 +73,8 @@ def start_server(db, port, log):
     # exec replaces it with Python: the Popen pid is the server's pid.
     wrapper = 'ulimit -n 4096 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec "$@"'
     command = ['sh', '-c', wrapper, 'sh', sys.executable, str(ROOT / 'marketplace.py'), 'serve',
-               '--host', '127.0.0.1', '--port', str(port), '--db', str(db), '--rate-limits', 'off']
+               '--host', '127.0.0.1', '--port', str(port), '--db', str(db), '--rate-limits', 'off',
+               '--max-connections-per-ip', '4000', '--max-connections', '4000']     # every stream comes from 127.0.0.1
     env = {name: value for name, value in os.environ.items() if not name.startswith('MARKETPLACE_')}
     env['MARKETPLACE_ADMIN_KEY'] = ADMIN_KEY
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
