@@ -1533,7 +1533,8 @@ RATE_LIMITS = {
 
 
 def address_group(ip):
-    """The group of client addresses that shares a limit: an IPv4 address itself, an IPv6 address its /64."""
+    """The group of client addresses that shares a limit: an IPv4 address itself, an IPv6 address its /64
+    network ('2001:db8:1:2::/64'), an IPv4-mapped IPv6 address its IPv4 address."""
     try:
         address = ipaddress.ip_address(ip)
     except ValueError:
@@ -6722,7 +6723,8 @@ def make_server(app, settings):
 
     A request's line and headers must all arrive within --header-timeout seconds (counted from the
     connection's start, then from the first byte of each next request; else 408 and closed); a kept-alive
-    connection may wait --keepalive-timeout seconds for its next request, else it is closed silently. Nothing limits the time of a response (a stream stays open). A connection beyond
+    connection may wait --keepalive-timeout seconds for its next request, else it is closed silently.
+    Nothing limits the time of a response (a stream stays open). A connection beyond
     --max-connections-per-ip from one address group or --max-connections in all is closed as soon as it
     is accepted, before anything is read. A request whose body boundary is ambiguous gets 400 and closed.
 
