@@ -61,6 +61,7 @@ from bottle import request, response
 
 from verifier.addresses import address_problem
 from verifier.errors import ChainUnavailable, FeeTooLow, VerificationError
+from verifier.redact import SecretFilter, redact_url, url_secrets, without_secrets
 
 HERE = Path(__file__).resolve().parent
 log = logging.getLogger('marketplace')
@@ -1029,6 +1030,7 @@ class OnChain:
         try:
             self.chain.send_raw(payment['raw_tx'])
         except FeeTooLow:
+            self.fees = self.chain.fee_caps()       # what made it too low: the fees the node asks now
             payment = self.reprice(db, payment)
             if payment is None:
                 raise
@@ -3761,7 +3763,8 @@ class X402:
             if not isinstance(result, dict):
                 raise ValueError('not a JSON object')
         except (requests.RequestException, ValueError) as exc:
-            log.warning('facilitator /%s failed: %s: %s', step, type(exc).__name__, exc)
+            log.warning('facilitator /%s at %s failed: %s: %s', step, redact_url(self.facilitator),
+                        type(exc).__name__, without_secrets(str(exc), url_secrets(self.facilitator)))
             raise ChainUnavailable(f'The x402 facilitator did not answer /{step} ({type(exc).__name__}).') from None
         return result
 
@@ -6829,6 +6832,23 @@ def serve(settings):
 # Command line ################################################################
 ###############################################################################
 
+def setting_secrets(settings):
+    """What logs must never show of the settings: keys, webhook secrets, and the paths and queries of the RPC and
+    facilitator URLs (a provider's key is often there)."""
+    keys = [settings.escrow_key, settings.escrow_key.removeprefix('0x'), settings.admin_key,
+            settings.stripe_secret_key, settings.stripe_webhook_secret]
+    return [key for key in keys if key] + url_secrets(settings.rpc_url) + url_secrets(settings.facilitator_url)
+
+
+def hide_secrets_in_logs(settings):
+    """Blank the settings' secrets in every record that reaches the log handlers, whoever logged it (us, web3,
+    requests, urllib3, gevent's error log), and send Python warnings (urllib3's) through them too."""
+    secret_filter = SecretFilter(setting_secrets(settings))
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(secret_filter)
+    logging.captureWarnings(True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='marketplace.py', description=__doc__.split('\n')[0])
     commands = parser.add_subparsers(dest='command', required=True)
@@ -6855,6 +6875,7 @@ def main(argv=None):
         settings = load_settings({s.name: getattr(args, s.name, None) for s in SETTINGS})
     except ValueError as exc:
         parser.error(str(exc))
+    hide_secrets_in_logs(settings)
     if args.command == 'serve':
         try:
             serve(settings)
