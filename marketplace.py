@@ -910,7 +910,8 @@ class OnChain:
     Payouts are signed inside the SQLite transaction that decides them (the nonce comes from the database,
     one at a time), stored, and broadcast after the commit; `confirm` (run by every sweep) marks them
     confirmed once deep enough and sends again what the node does not know. One nonce is one payout, so
-    sending a transaction again can never pay twice.
+    sending a transaction again can never pay twice. A payout stuck unmined, or refused for its fee, is re-signed
+    with the same nonce and a higher fee (reprice); whichever of its signed transactions is mined pays it.
     """
 
     def __init__(self, settings):
