@@ -249,7 +249,8 @@ SETTINGS = [
             'hex private key of the escrow wallet (payTo is its address); best given as the env var'),
     Setting('confirmations', 2, parse_positive(int), 'blocks deep a payment must be (its own block counts as one)'),
     Setting('payout_rebroadcast_minutes', 10.0, parse_positive(float),
-            'minutes a signed payout or x402 settlement may sit unmined before it is re-signed, same nonce, higher fee'),
+            'minutes a signed payout or x402 settlement may sit unmined before it is re-signed, '
+            'same nonce, higher fee'),
     Setting('payout_max_fee_gwei', 50.0, parse_positive(float),
             'the most a re-priced payout may offer per gas (max fee per gas, in gwei)'),
     Setting('payment_max_age', 86400.0, parse_positive(float), 'seconds after which a payment is too old to use'),

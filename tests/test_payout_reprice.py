@@ -17,7 +17,7 @@ from test_onchain_unit import (NODE_NONCE, app, by_type, db_of, funded_job, node
 from test_verifier import ESCROW, RPCFailure, decode, make_receipt
 
 import marketplace as mp
-from verifier.payouts import replacement_fees, signed_fees
+from verifier.payouts import replacement_fees
 from verifier.redact import SecretFilter, redact_url
 
 GWEI = 10 ** 9

@@ -12,8 +12,8 @@ import requests
 
 from chain import Account, sign_funding
 from conftest import ADMIN_KEY, LiveServer, free_port, job_body
-from test_onchain import (ESCROW, ESCROW_KEY, PRICE, RPCProxy, call, funded_delivery, get_job, ledger_of, nonce_of,
-                          one, serving, verify)
+from test_onchain import (ESCROW, PRICE, RPCProxy, funded_delivery, get_job, ledger_of, nonce_of, one, serving,
+                          verify)
 
 GWEI = 10 ** 9
 HIGH_BASE_FEE = 10 * GWEI       # far above what the service learnt at start (anvil's ~1 gwei or less)
@@ -49,11 +49,8 @@ def signed_rows(db_path, payment_id):
                                              'ORDER BY seq', (payment_id,))]
 
 
-def max_fee_of(anvil, tx_hash):
-    return anvil.w3.eth.get_transaction(tx_hash)['maxFeePerGas']
-
-
-def test_a_payout_below_the_base_fee_is_repriced_mined_once_and_the_next_is_not_stalled(anvil, base_fee_restored, usdc, tmp_path):
+def test_a_payout_below_the_base_fee_is_repriced_mined_once_and_the_next_is_not_stalled(anvil, base_fee_restored, usdc,
+                                                                                        tmp_path):
     db = tmp_path / 'm.db'
     with serving(db, anvil.url, '--sweep-interval', '0.3', '--payout-rebroadcast-minutes', '0.02') as server:
         first_key, first_job, first_claim, first_wallet = funded_delivery(server, anvil)
@@ -94,7 +91,8 @@ class HoldingAfterFirstSend:
         return len(self.proxy.sent) >= 1
 
 
-def test_a_sigkill_between_resigning_and_sending_sends_the_stored_replacement_on_restart(anvil, base_fee_restored, usdc, tmp_path):
+def test_a_sigkill_between_resigning_and_sending_sends_the_stored_replacement_on_restart(anvil, base_fee_restored,
+                                                                                         usdc, tmp_path):
     db = tmp_path / 'm.db'
     proxy = RPCProxy(anvil.url)
     try:
@@ -140,8 +138,8 @@ def test_no_secret_reaches_the_output_or_an_answer(tmp_path):
         api_key, account_id = account.json()['apiKey'], account.json()['account']['id']
         tx_hash = '0x' + '11' * 32
         signature = sign_funding(Account.create().key, account_id, tx_hash, Account.from_key(escrow_key).address)
-        answers.append(requests.post(server.url + '/api/jobs', timeout=30, headers={'Authorization': f'Bearer {api_key}'},
-                                     json=job_body(escrowTxHash=tx_hash, escrowSignature=signature)))
+        answers.append(requests.post(server.url + '/api/jobs', json=job_body(escrowTxHash=tx_hash, escrowSignature=signature),
+                                     headers={'Authorization': f'Bearer {api_key}'}, timeout=30))
         answers.append(requests.get(server.url + '/api/jobs', timeout=20,
                                     headers={'Authorization': f'Bearer {ADMIN_KEY}'}))
         time.sleep(2.5)                 # health asks the node again after 2 s
