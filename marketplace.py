@@ -60,7 +60,8 @@ import urllib3
 from bottle import request, response
 
 from verifier.addresses import address_problem
-from verifier.errors import ChainUnavailable, VerificationError
+from verifier.errors import ChainUnavailable, FeeTooLow, VerificationError
+from verifier.redact import SecretFilter, redact_url, url_secrets, without_secrets
 
 HERE = Path(__file__).resolve().parent
 log = logging.getLogger('marketplace')
@@ -254,6 +255,11 @@ SETTINGS = [
     Setting('escrow_key', '', str,
             'hex private key of the escrow wallet (payTo is its address); best given as the env var'),
     Setting('confirmations', 2, parse_positive(int), 'blocks deep a payment must be (its own block counts as one)'),
+    Setting('payout_rebroadcast_minutes', 10.0, parse_positive(float),
+            'minutes a signed payout or x402 settlement may sit unmined before it is re-signed, '
+            'same nonce, higher fee'),
+    Setting('payout_max_fee_gwei', 50.0, parse_positive(float),
+            'the most a re-priced payout may offer per gas (max fee per gas, in gwei)'),
     Setting('payment_max_age', 86400.0, parse_positive(float), 'seconds after which a payment is too old to use'),
     Setting('x402_price', (), parse_prices,
             'price an operation for x402: every caller pays but admins and exempt accounts, "METHOD PATH=USDC" '
@@ -497,6 +503,15 @@ MIGRATIONS = {
                 ALTER TABLE payments ADD COLUMN reference TEXT;
                 ALTER TABLE agents ADD COLUMN stripe_account_id TEXT;
                 ALTER TABLE agents ADD COLUMN stripe_payouts_enabled INTEGER NOT NULL DEFAULT 0;''')),
+    },
+    6: {        # payouts re-priced with the same nonce (CONTRACT 19): schema.sql adds signed_transactions and its
+                # triggers; the transactions signed before are its first rows
+        'after': '''INSERT OR IGNORE INTO signed_transactions (tx_hash, source, payment_id, nonce, raw_tx)
+                        SELECT tx_hash, 'payments', id, nonce, raw_tx FROM payments WHERE raw_tx IS NOT NULL
+                        ORDER BY seq;
+                    INSERT OR IGNORE INTO signed_transactions (tx_hash, source, payment_id, nonce, raw_tx)
+                        SELECT tx_hash, 'x402_payments', id, nonce, raw_tx FROM x402_payments
+                        WHERE raw_tx IS NOT NULL ORDER BY seq;''',
     },
 }
 
@@ -903,7 +918,8 @@ class OnChain:
     Payouts are signed inside the SQLite transaction that decides them (the nonce comes from the database,
     one at a time), stored, and broadcast after the commit; `confirm` (run by every sweep) marks them
     confirmed once deep enough and sends again what the node does not know. One nonce is one payout, so
-    sending a transaction again can never pay twice.
+    sending a transaction again can never pay twice. A payout stuck unmined, or refused for its fee, is re-signed
+    with the same nonce and a higher fee (reprice); whichever of its signed transactions is mined pays it.
     """
 
     def __init__(self, settings):
@@ -1010,22 +1026,102 @@ class OnChain:
 
     def broadcast(self, db):
         """Send every signed payout and settlement the node has not taken yet, oldest nonce first; stop at the
-        first failure."""
+        first failure (one refused for its fee is re-priced and its replacement sent: see send)."""
         for payment in self.signed_pending(db, 'AND broadcast_at IS NULL'):
             try:
-                self.chain.send_raw(payment['raw_tx'])
+                self.send(db, payment)
             except VerificationError:
                 return
-            with db.transaction():
-                db.execute(f'UPDATE {payment["tbl"]} SET broadcast_at = :now WHERE id = :id',
-                           {'now': now_iso(), 'id': payment['id']})
+
+    def send(self, db, payment):
+        """Broadcast a payment's stored transaction and note when the node first took it. Refused for its fee, it
+        is re-priced (same nonce) and the replacement sent. VerificationError when the node did not take it."""
+        try:
+            self.chain.send_raw(payment['raw_tx'])
+        except FeeTooLow:
+            self.fees = self.chain.fee_caps()       # what made it too low: the fees the node asks now
+            payment = self.reprice(db, payment)
+            if payment is None:
+                raise
+            self.chain.send_raw(payment['raw_tx'])
+        with db.transaction():
+            db.execute(f"""UPDATE {payment['tbl']} SET broadcast_at = coalesce(broadcast_at, :now)
+                           WHERE id = :id AND tx_hash = :tx_hash""",
+                       {'now': now_iso(), 'id': payment['id'], 'tx_hash': payment['tx_hash']})
+        return payment
+
+    def reprice(self, db, payment):
+        """Sign a payment's transaction again with the same nonce and a higher fee (at least the node's fee caps
+        and 12.5% over the last signature, at most --payout-max-fee-gwei), and store it, the new raw transaction
+        and hash with broadcast_at cleared, in one transaction before anything is sent: after a crash the sweep
+        sends it. Every hash signed stays in signed_transactions. The payment as re-signed, or None when the fee
+        would pass the ceiling or the payment changed meanwhile (mined, or re-priced by another greenlet)."""
+        from verifier.payouts import replacement_fees, resign_with_fees, signed_fees
+        table = payment['tbl']
+        ceiling = int(Decimal(str(self.settings.payout_max_fee_gwei)) * 10 ** 9)
+        with db.transaction():
+            current = db.row(f"""SELECT '{table}' AS tbl, id, tx_hash, raw_tx, broadcast_at, nonce FROM {table}
+                                 WHERE id = :id AND status = 'pending' AND tx_hash = :tx_hash""",
+                             {'id': payment['id'], 'tx_hash': payment['tx_hash']})
+            if current is None:
+                return None
+            previous = signed_fees(current['raw_tx'])
+            fees = replacement_fees(previous, self.fees or DEFAULT_FEE_CAPS, ceiling)
+            if fees is None:
+                log.warning('%s %s (nonce %s) waits unmined: a higher fee would pass --payout-max-fee-gwei %s',
+                            table, current['id'], current['nonce'], self.settings.payout_max_fee_gwei)
+                return None
+            raw, tx_hash = resign_with_fees(self.settings.escrow_key, current['raw_tx'], max_fee_per_gas=fees[0],
+                                            max_priority_fee_per_gas=fees[1])
+            db.execute(f'UPDATE {table} SET raw_tx = :raw, tx_hash = :tx_hash, broadcast_at = NULL WHERE id = :id',
+                       {'raw': raw, 'tx_hash': tx_hash, 'id': current['id']})
+            if table == 'x402_payments':        # a settlement's hash never pays for anything else
+                db.execute('''INSERT INTO used_payments (chain_id, tx_hash, purpose, created_at)
+                              VALUES (:chain, :tx_hash, 'x402', :now) ON CONFLICT DO NOTHING''',
+                           {'chain': self.settings.chain_id, 'tx_hash': tx_hash, 'now': now_iso()})
+        log.info('%s %s re-priced with its nonce %s: max fee %s -> %s wei/gas, tip %s -> %s; %s replaces %s',
+                 table, current['id'], current['nonce'], previous[0], fees[0], previous[1], fees[1], tx_hash,
+                 current['tx_hash'])
+        return dict(current, raw_tx=raw, tx_hash=tx_hash, broadcast_at=None)
+
+    @staticmethod
+    def signed_hashes(db, table, payment_id):
+        """Every transaction hash signed for a payment, newest first."""
+        return [row['tx_hash'] for row in db.rows(
+            '''SELECT tx_hash FROM signed_transactions WHERE payment_id = :id AND source = :source
+               ORDER BY seq DESC''', {'id': payment_id, 'source': table})]
+
+    def mined_receipt(self, db, table, payment):
+        """The receipt of whichever of a payment's signed transactions was mined (one nonce: at most one can be),
+        or None. Network I/O."""
+        for tx_hash in self.signed_hashes(db, table, payment['id']) or [payment['tx_hash']]:
+            receipt = self.chain.receipt(tx_hash)
+            if receipt is not None:
+                return receipt
+        return None
+
+    def wait_for_receipt(self, db, table, payment, timeout_seconds, poll=0.2):
+        """The receipt of a payment's mined transaction once there is one; ChainUnavailable after `timeout_seconds`."""
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            receipt = self.mined_receipt(db, table, payment)
+            if receipt is not None:
+                return receipt
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ChainUnavailable(f'The transaction {payment["tx_hash"]} was not mined within '
+                                       f'{timeout_seconds} seconds.')
+            time.sleep(min(poll, left))        # gevent's, in the server (monkey-patched)
 
     def confirm(self, db):
-        """Mark payouts and settlements confirmed once `confirmations` deep on the canonical chain, failed if they
-        reverted, and send again those the node does not know. Returns {confirmed, failed, resent}."""
-        result = {'confirmed': 0, 'failed': 0, 'resent': 0}
+        """Mark payouts and settlements confirmed once one of their signed transactions is `confirmations` deep on
+        the canonical chain (its hash becomes the payment's), failed if it reverted; re-price those unmined past
+        --payout-rebroadcast-minutes and send again those the node does not know. Returns {confirmed, failed,
+        resent, repriced}."""
+        result = {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0}
         pending = self.signed_pending(db)
         recently = iso(now() - timedelta(seconds=30))
+        stale = iso(now() - timedelta(minutes=self.settings.payout_rebroadcast_minutes))
         if not pending:
             return result
         try:
@@ -1035,31 +1131,38 @@ class OnChain:
             return result
         for payment in pending:
             try:
-                receipt = self.chain.receipt(payment['tx_hash'])
+                receipt = self.mined_receipt(db, payment['tbl'], payment)
                 if receipt is None:
-                    if payment['broadcast_at'] is None or payment['broadcast_at'] < recently:
-                        self.chain.send_raw(payment['raw_tx'])      # the node lost it, or never had it
+                    stuck = payment['broadcast_at'] is not None and payment['broadcast_at'] < stale
+                    repriced = self.reprice(db, payment) if stuck else None
+                    if repriced is not None:
+                        self.send(db, repriced)
+                        result['repriced'] += 1
+                    elif payment['broadcast_at'] is None or payment['broadcast_at'] < recently:
+                        self.send(db, payment)      # the node lost it, or never had it
                         result['resent'] += 1
                     continue
                 block = self.chain.block(receipt['blockNumber'])
             except VerificationError:
                 return result
+            mined = receipt['transactionHash'].lower()
             if receipt['status'] != 1:
                 status = 'failed'
                 if payment['tbl'] == 'payments':
                     log.error('payout %s reverted on chain (%s): the escrow wallet needs attention',
-                              payment['id'], payment['tx_hash'])
+                              payment['id'], mined)
                 else:
                     log.warning('x402 settlement %s reverted on chain (%s): its call was not answered',
-                                payment['id'], payment['tx_hash'])
+                                payment['id'], mined)
             elif latest - receipt['blockNumber'] + 1 >= self.settings.confirmations and block and \
                     block['hash'].lower() == receipt['blockHash'].lower():
                 status = 'confirmed'
             else:
                 continue
             with db.transaction():
-                db.execute(f"UPDATE {payment['tbl']} SET status = :status WHERE id = :id AND status = 'pending'",
-                           {'status': status, 'id': payment['id']})
+                db.execute(f"""UPDATE {payment['tbl']} SET status = :status, tx_hash = :mined
+                               WHERE id = :id AND status = 'pending'""",
+                           {'status': status, 'mined': mined, 'id': payment['id']})
             result[status] += 1
         return result
 
@@ -3683,7 +3786,8 @@ class X402:
             if not isinstance(result, dict):
                 raise ValueError('not a JSON object')
         except (requests.RequestException, ValueError) as exc:
-            log.warning('facilitator /%s failed: %s: %s', step, type(exc).__name__, exc)
+            log.warning('facilitator /%s at %s failed: %s: %s', step, redact_url(self.facilitator),
+                        type(exc).__name__, without_secrets(str(exc), url_secrets(self.facilitator)))
             raise ChainUnavailable(f'The x402 facilitator did not answer /{step} ({type(exc).__name__}).') from None
         return result
 
@@ -3843,7 +3947,7 @@ class X402:
         if record.get('broadcast_at') is None:
             self.onchain.broadcast(db)
         try:
-            receipt = self.onchain.chain.wait_for_receipt(record['tx_hash'], SETTLEMENT_WAIT)
+            receipt = self.onchain.wait_for_receipt(db, 'x402_payments', record, SETTLEMENT_WAIT)
         except ChainUnavailable:
             raise self.refusal(price, f'The payment is being settled on chain ({record["tx_hash"]}); send the '
                                       'same X-PAYMENT again in a few seconds.', 'chain_unavailable') from None
@@ -3853,13 +3957,15 @@ class X402:
             status = 'confirmed'
         except VerificationError:
             status = 'failed'
+        mined = receipt['transactionHash'].lower()      # the first signature or a re-priced one: same nonce
         with db.transaction():
-            db.execute("UPDATE x402_payments SET status = :status WHERE id = :id AND status = 'pending'",
-                       {'status': status, 'id': record['id']})
+            db.execute('''UPDATE x402_payments SET status = :status, tx_hash = :mined
+                          WHERE id = :id AND status = 'pending' ''',
+                       {'status': status, 'mined': mined, 'id': record['id']})
         if status == 'failed':
-            raise self.refusal(price, f'The settlement {record["tx_hash"]} reverted on chain: nothing was paid.',
+            raise self.refusal(price, f'The settlement {mined} reverted on chain: nothing was paid.',
                                'payment_reverted')
-        return dict(record, status=status)
+        return dict(record, status=status, tx_hash=mined)
 
 
 def used_payment(db, chain_id, tx_hash):
@@ -6919,6 +7025,23 @@ def serve(settings):
 # Command line ################################################################
 ###############################################################################
 
+def setting_secrets(settings):
+    """What logs must never show of the settings: keys, webhook secrets, and the paths and queries of the RPC and
+    facilitator URLs (a provider's key is often there)."""
+    keys = [settings.escrow_key, settings.escrow_key.removeprefix('0x'), settings.admin_key,
+            settings.stripe_secret_key, settings.stripe_webhook_secret]
+    return [key for key in keys if key] + url_secrets(settings.rpc_url) + url_secrets(settings.facilitator_url)
+
+
+def hide_secrets_in_logs(settings):
+    """Blank the settings' secrets in every record that reaches the log handlers, whoever logged it (us, web3,
+    requests, urllib3, gevent's error log), and send Python warnings (urllib3's) through them too."""
+    secret_filter = SecretFilter(setting_secrets(settings))
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(secret_filter)
+    logging.captureWarnings(True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='marketplace.py', description=__doc__.split('\n')[0])
     commands = parser.add_subparsers(dest='command', required=True)
@@ -6945,6 +7068,7 @@ def main(argv=None):
         settings = load_settings({s.name: getattr(args, s.name, None) for s in SETTINGS})
     except ValueError as exc:
         parser.error(str(exc))
+    hide_secrets_in_logs(settings)
     if args.command == 'serve':
         try:
             serve(settings)

@@ -172,7 +172,7 @@ CREATE TABLE IF NOT EXISTS payments (
     tx_hash     TEXT,
     raw_tx      TEXT,                           -- on chain: the signed transfer, stored before it is sent
     nonce       INTEGER,                        -- on chain: its nonce (one per payout, never reused)
-    broadcast_at TEXT,                          -- on chain: when the node first took it
+    broadcast_at TEXT,                          -- on chain: when the node took raw_tx (NULL again once re-priced)
     created_at  TEXT NOT NULL,
     reference   TEXT                            -- stripe rail: the Stripe object (pi_, tr_, re_) once it exists
 );
@@ -296,6 +296,36 @@ CREATE TABLE IF NOT EXISTS stripe_events (
 );
 CREATE INDEX IF NOT EXISTS stripe_events_job ON stripe_events(job_id) WHERE job_id IS NOT NULL;
 
+-- Every transaction the escrow wallet signed for a payout or an x402 settlement, the first and each re-pricing
+-- (the same nonce with a higher fee, when one sat unmined or was refused for its fee): whichever of a payment's
+-- hashes is mined is its transaction. Kept by the triggers below whenever a payment's raw_tx is written.
+CREATE TABLE IF NOT EXISTS signed_transactions (
+    seq         INTEGER PRIMARY KEY,            -- the order they were signed in
+    tx_hash     TEXT NOT NULL UNIQUE,
+    source      TEXT NOT NULL CHECK (source IN ('payments', 'x402_payments')),
+    payment_id  TEXT NOT NULL,
+    nonce       INTEGER NOT NULL,
+    raw_tx      TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS signed_transactions_payment ON signed_transactions(payment_id);
+CREATE TRIGGER IF NOT EXISTS payments_signed AFTER INSERT ON payments WHEN NEW.raw_tx IS NOT NULL BEGIN
+    INSERT OR IGNORE INTO signed_transactions (tx_hash, source, payment_id, nonce, raw_tx)
+        VALUES (NEW.tx_hash, 'payments', NEW.id, NEW.nonce, NEW.raw_tx);
+END;
+CREATE TRIGGER IF NOT EXISTS payments_resigned AFTER UPDATE OF raw_tx ON payments WHEN NEW.raw_tx IS NOT NULL BEGIN
+    INSERT OR IGNORE INTO signed_transactions (tx_hash, source, payment_id, nonce, raw_tx)
+        VALUES (NEW.tx_hash, 'payments', NEW.id, NEW.nonce, NEW.raw_tx);
+END;
+CREATE TRIGGER IF NOT EXISTS x402_payments_signed AFTER INSERT ON x402_payments WHEN NEW.raw_tx IS NOT NULL BEGIN
+    INSERT OR IGNORE INTO signed_transactions (tx_hash, source, payment_id, nonce, raw_tx)
+        VALUES (NEW.tx_hash, 'x402_payments', NEW.id, NEW.nonce, NEW.raw_tx);
+END;
+CREATE TRIGGER IF NOT EXISTS x402_payments_resigned AFTER UPDATE OF raw_tx ON x402_payments
+        WHEN NEW.raw_tx IS NOT NULL BEGIN
+    INSERT OR IGNORE INTO signed_transactions (tx_hash, source, payment_id, nonce, raw_tx)
+        VALUES (NEW.tx_hash, 'x402_payments', NEW.id, NEW.nonce, NEW.raw_tx);
+END;
+
 -- Small counters: 'next_nonce' of the escrow wallet, allocated one payout or settlement at a time.
 CREATE TABLE IF NOT EXISTS chain_state (
     name   TEXT PRIMARY KEY,
@@ -321,4 +351,4 @@ CREATE TABLE IF NOT EXISTS webhook_deliveries (
 CREATE INDEX IF NOT EXISTS webhook_deliveries_due ON webhook_deliveries(status, next_attempt_at);
 CREATE INDEX IF NOT EXISTS webhook_deliveries_agent ON webhook_deliveries(agent_id, created_at);
 
-PRAGMA user_version = 5;
+PRAGMA user_version = 6;

@@ -22,7 +22,7 @@ from hexbytes import HexBytes
 from verifier.chain import Chain, plain_receipt
 from verifier.checks import (TRANSFER_TOPIC, Transfer, check_canonical, check_chain_id, check_confirmations,
                              check_fresh, check_succeeded, check_usdc_transfer, usdc_transfers)
-from verifier.errors import ChainUnavailable, VerificationError
+from verifier.errors import ChainUnavailable, FeeTooLow, VerificationError
 from verifier.funding import check_funding_signature
 from verifier.funding import funding_typed_data as server_typed_data
 from verifier.payouts import TRANSFER, TRANSFER_GAS, escrow_address, sign_usdc_transfer
@@ -816,13 +816,17 @@ def test_send_raw_treats_already_known_and_nonce_too_low_as_taken(node, chain, m
     assert node.count('eth_sendRawTransaction') == 1
 
 
-@pytest.mark.parametrize('message', ['insufficient funds for gas * price + value',
-                                     'replacement transaction underpriced'])
-def test_send_raw_refused_is_chain_unavailable_without_retries(node, chain, message):
+@pytest.mark.parametrize('message, error', [
+    ('insufficient funds for gas * price + value', ChainUnavailable),
+    ('replacement transaction underpriced', FeeTooLow),         # a ChainUnavailable that OnChain re-prices
+    ('max fee per gas less than block base fee', FeeTooLow),
+    ('transaction underpriced', FeeTooLow),
+])
+def test_send_raw_refused_is_chain_unavailable_without_retries(node, chain, message, error):
     node.send_error = message
     with pytest.raises(Exception) as raised:
         chain.send_raw(sign()[0])
-    assert type(raised.value) is ChainUnavailable
+    assert type(raised.value) is error and isinstance(raised.value, ChainUnavailable)
     assert node.count('eth_sendRawTransaction') == 1
 
 

@@ -414,7 +414,7 @@ def test_a_settlement_the_node_did_not_take_is_sent_before_a_later_payout(anvil,
     assert only_row(app)['broadcast_at'] is not None
     assert anvil.w3.eth.get_transaction(row['tx_hash'])['nonce'] == first
 
-    assert mp.run_sweeps(db_of(app), app.service.settings)['payouts'] == {'confirmed': 2, 'failed': 0, 'resent': 0}
+    assert mp.run_sweeps(db_of(app), app.service.settings)['payouts'] == {'confirmed': 2, 'failed': 0, 'resent': 0, 'repriced': 0}
     assert only_row(app)['status'] == 'confirmed'
     assert db_of(app).value('SELECT status FROM payments WHERE id = :id', {'id': refund['id']}) == 'confirmed'
     assert anvil.receipt(row['tx_hash'])['status'] == anvil.receipt(refund['tx_hash'])['status'] == 1
@@ -442,11 +442,11 @@ def test_a_settlement_the_node_lost_is_sent_again_by_the_sweep(anvil, app, clien
 
     def sweep():
         return mp.run_sweeps(db_of(app), app.service.settings)['payouts']
-    assert sweep() == {'confirmed': 0, 'failed': 0, 'resent': 0}      # sent under 30 s ago: not yet
+    assert sweep() == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0}      # sent under 30 s ago: not yet
     real_clock.set(mp.now() + timedelta(seconds=31))
-    assert sweep() == {'confirmed': 0, 'failed': 0, 'resent': 1}
+    assert sweep() == {'confirmed': 0, 'failed': 0, 'resent': 1, 'repriced': 0}
     anvil.mine()
-    assert sweep() == {'confirmed': 1, 'failed': 0, 'resent': 0}
+    assert sweep() == {'confirmed': 1, 'failed': 0, 'resent': 0, 'repriced': 0}
     assert (only_row(app)['status'], only_row(app)['granted_at']) == ('confirmed', None)
     assert chain.receipt(row['tx_hash'])['status'] == 1
 
@@ -522,7 +522,7 @@ def test_a_settlement_the_sweep_found_reverted_is_still_refused_as_reverted(anvi
     send_ahead(anvil, PAYER_KEY, SOMEONE, MATCH_PRICE)
     anvil.mine()
     assert anvil.receipt(row['tx_hash'])['status'] == 0
-    assert mp.run_sweeps(db_of(app), app.service.settings)['payouts'] == {'confirmed': 0, 'failed': 1, 'resent': 0}
+    assert mp.run_sweeps(db_of(app), app.service.settings)['payouts'] == {'confirmed': 0, 'failed': 1, 'resent': 0, 'repriced': 0}
     assert only_row(app)['status'] == 'failed'
     nonce = payment['payload']['authorization']['nonce']
     assert not app.service.settings.onchain.chain.authorization_used(USDC, PAYER, nonce)     # unused on chain

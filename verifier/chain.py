@@ -16,11 +16,16 @@ sys.setrecursionlimit(_recursion_limit)     # importing web3 raises it to 100000
 
 from verifier.checks import (STEP_OF_CODE, TRANSFER_CHECKS, TRANSFER_STEPS, Checks, check_canonical, check_chain_id,
                              check_confirmations, check_fresh, check_succeeded, check_usdc_transfer, checksummed)
-from verifier.errors import ChainUnavailable, VerificationError
+from verifier.errors import ChainUnavailable, FeeTooLow, VerificationError
+from verifier.redact import redact_url, url_secrets, without_secrets
 
 log = logging.getLogger('verifier.chain')
 BALANCE_OF = '0x70a08231'      # balanceOf(address)
 ALREADY_SENT = ('already known', 'nonce too low', 'known transaction', 'already imported')
+# How nodes (geth, anvil, reth, erigon) refuse a transaction for its fee: below the base fee, or a replacement
+# that does not pay enough more than the transaction it replaces.
+FEE_REFUSED = ('underpriced', 'less than block base fee', 'fee cap', 'feecap', 'base fee', 'gas price too low',
+               'max fee per gas less than')
 
 
 def _hex(value):
@@ -48,6 +53,8 @@ class Chain:
 
     def __init__(self, rpc_url, *, timeout=10):
         self.rpc_url = rpc_url
+        self.where = redact_url(rpc_url)        # what logs may show of it: a provider's key is in its path or query
+        self.secrets = url_secrets(rpc_url)
         self.w3 = Web3(HTTPProvider(rpc_url, request_kwargs={'timeout': timeout},
                                     exception_retry_configuration=None))
 
@@ -57,7 +64,8 @@ class Chain:
         except (VerificationError, TransactionNotFound, BlockNotFound):
             raise
         except Exception as exc:       # the boundary: connection, time-out, bad JSON, an error answer
-            log.warning('node call %s failed: %s: %s', what, type(exc).__name__, exc)
+            log.warning('node call %s to %s failed: %s: %s', what, self.where, type(exc).__name__,
+                        without_secrets(str(exc), self.secrets))
             raise ChainUnavailable(f'The blockchain node did not answer {what} ({type(exc).__name__}).') from None
 
     def chain_id(self):
@@ -129,14 +137,20 @@ class Chain:
         return self._ask('eth_call', call)
 
     def send_raw(self, raw_hex):
-        """Broadcast a signed transaction; True if the node took it, also when it knew it already."""
+        """Broadcast a signed transaction; True if the node took it, also when it knew it already. FeeTooLow
+        when the node refuses it for its fee."""
         try:
             self.w3.eth.send_raw_transaction(raw_hex)
             return True
         except Exception as exc:
-            if any(text in str(exc).lower() for text in ALREADY_SENT):
+            text = str(exc).lower()
+            if any(known in text for known in ALREADY_SENT):
                 return True
-            log.warning('broadcast failed: %s: %s', type(exc).__name__, exc)
+            reason = without_secrets(str(exc), self.secrets)
+            if any(known in text for known in FEE_REFUSED):
+                log.warning('broadcast refused for its fee by %s: %s', self.where, reason)
+                raise FeeTooLow('The node refused the transaction for its fee.') from None
+            log.warning('broadcast to %s failed: %s: %s', self.where, type(exc).__name__, reason)
             raise ChainUnavailable(f'The node did not take the transaction ({type(exc).__name__}).') from None
 
     def verify_usdc_payment(self, tx_hash, *, chain_id, token, recipient, min_amount, payer=None,

@@ -17,3 +17,9 @@ class ChainUnavailable(VerificationError):
     """The JSON-RPC node is down, slow, or answered something that is not an answer."""
 
     code = 'chain_unavailable'
+
+
+class FeeTooLow(ChainUnavailable):
+    """The node refused a transaction for its fee (below the base fee, or an underpriced replacement)."""
+
+    code = 'fee_too_low'

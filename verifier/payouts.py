@@ -4,6 +4,8 @@ import sys
 
 _recursion_limit = sys.getrecursionlimit()
 from eth_account import Account  # noqa: E402
+from eth_account.typed_transactions import TypedTransaction  # noqa: E402
+from hexbytes import HexBytes  # noqa: E402
 sys.setrecursionlimit(_recursion_limit)     # importing eth_account raises it to 100000: deep input could then crash us
 
 from verifier.checks import checksummed  # noqa: E402
@@ -25,4 +27,36 @@ def sign_usdc_transfer(private_key, *, token, to, amount, nonce, chain_id, max_f
         'type': 2, 'chainId': int(chain_id), 'nonce': int(nonce), 'to': checksummed(token, 'token address'),
         'value': 0, 'data': data, 'gas': int(gas), 'maxFeePerGas': int(max_fee_per_gas),
         'maxPriorityFeePerGas': int(max_priority_fee_per_gas)}, private_key)
+    return signed.raw_transaction.to_0x_hex(), signed.hash.to_0x_hex()
+
+
+def signed_fees(raw_hex):
+    """(maxFeePerGas, maxPriorityFeePerGas) of a signed EIP-1559 transaction."""
+    fields = TypedTransaction.from_bytes(HexBytes(raw_hex)).as_dict()
+    return int(fields['maxFeePerGas']), int(fields['maxPriorityFeePerGas'])
+
+
+def replacement_fees(previous, quoted, ceiling):
+    """Fee caps (maxFeePerGas, tip) for a transaction that replaces one signed with `previous` caps: at least the
+    node's `quoted` caps and at least 12.5% (rounded up) over the previous on both, as nodes require of a
+    replacement; None when that would pass `ceiling` (the most this service pays per gas)."""
+    bumped_fee, bumped_tip = (-(-value * 9 // 8) for value in previous)
+    tip = max(bumped_tip, quoted[1])
+    max_fee = max(bumped_fee, quoted[0], tip)
+    if max_fee > ceiling:
+        if bumped_fee > ceiling or bumped_tip > ceiling:
+            return None
+        max_fee, tip = ceiling, min(tip, ceiling)
+    return max_fee, tip
+
+
+def resign_with_fees(private_key, raw_hex, *, max_fee_per_gas, max_priority_fee_per_gas):
+    """The same transaction (nonce, recipient, data, gas) signed again with other fee caps: (raw hex, hash hex)."""
+    fields = TypedTransaction.from_bytes(HexBytes(raw_hex)).as_dict()
+    for signature_field in ('v', 'r', 's'):
+        fields.pop(signature_field, None)
+    fields.update(maxFeePerGas=int(max_fee_per_gas), maxPriorityFeePerGas=int(max_priority_fee_per_gas))
+    fields['to'] = checksummed('0x' + bytes(fields['to']).hex(), 'recipient')
+    fields['data'] = '0x' + bytes(fields['data']).hex()
+    signed = Account.sign_transaction(fields, private_key)
     return signed.raw_transaction.to_0x_hex(), signed.hash.to_0x_hex()
