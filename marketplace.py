@@ -419,6 +419,12 @@ class BodyTooLarge(APIError):
     message = 'The request body is larger than 1 MiB.'
 
 
+class UnsupportedMediaType(APIError):
+    status = 415
+    code = 'unsupported_media_type'
+    message = 'Send the body as JSON with Content-Type: application/json.'
+
+
 class RateLimited(APIError):
     status = 429
     code = 'rate_limited'
@@ -443,7 +449,7 @@ def payment_error(exc):
 
 STATUS_CODES = {400: 'bad_request', 401: 'unauthorized', 403: 'forbidden', 404: 'not_found',
                 405: 'method_not_allowed', 409: 'conflict', 413: 'body_too_large',
-                429: 'rate_limited', 500: 'internal_error', 503: 'unavailable'}
+                415: 'unsupported_media_type', 429: 'rate_limited', 500: 'internal_error', 503: 'unavailable'}
 
 
 ###############################################################################
@@ -1117,29 +1123,44 @@ def finite_float(text):
 MAX_JSON_DEPTH = 32
 
 
-def nested_deeper_than(raw, limit):
-    """Do the JSON bytes nest arrays and objects more than `limit` deep? (Checked before parsing: a parser
-    recursing a million levels can exhaust the C stack, whatever the recursion limit says.)"""
-    if raw.count(b'[') + raw.count(b'{') <= limit:
-        return False
-    depth, in_string, escaped = 0, False, False
-    for byte in raw:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:          # backslash
-                escaped = True
-            elif byte == 0x22:          # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):      # [ {
-            depth += 1
-            if depth > limit:
-                return True
-        elif byte in (0x5D, 0x7D):      # ] }
-            depth -= 1
-    return False
+def nested_deeper_than(value, limit):
+    """Does a parsed JSON value nest arrays and objects more than `limit` deep? (Iterative, with an early exit:
+    no recursion however deep, and a shallow value costs one pass at most.)"""
+    level = [value]
+    for _ in range(limit):
+        level = [child for item in level if isinstance(item, (dict, list))
+                 for child in (item.values() if isinstance(item, dict) else item)]
+        if not level:
+            return False
+    return any(isinstance(item, (dict, list)) for item in level)
+
+
+# Digits runs that long may be integers beyond 64 bits, which orjson reads as floats: json reads those exactly.
+_LONG_NUMBER = re.compile(rb'[0-9]{18}')
+
+
+def parse_json_bytes(raw):
+    """The JSON value of a body: orjson (refuses more than 1,024 levels itself, in C) first; json for what orjson
+    reads otherwise or refuses (long integers, lone surrogates), so the rules stay json's: no NaN or Infinity,
+    no number too large for a float, the last of duplicate keys wins. InvalidJSON when it is not JSON."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if str(exc).startswith('depth limit exceeded'):
+            raise InvalidJSON(f'The request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.') \
+                from None
+        value = _MISSING
+    if value is _MISSING or _LONG_NUMBER.search(raw):
+        try:
+            value = json.loads(raw, parse_constant=refuse_json_constant, parse_float=finite_float)
+        except RecursionError:
+            raise InvalidJSON(f'The request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.') \
+                from None
+        except ValueError:
+            raise InvalidJSON('The request body is not valid JSON.') from None
+    if nested_deeper_than(value, MAX_JSON_DEPTH):
+        raise InvalidJSON(f'The request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.')
+    return value
 
 
 def read_raw_body():
@@ -1154,6 +1175,14 @@ def read_raw_body():
     return raw
 
 
+def require_json_content_type():
+    """415 unless the body is declared JSON: a browser's cross-site form can send only text/plain, urlencoded or
+    multipart bodies, never application/json."""
+    media_type = request.environ.get('CONTENT_TYPE', '').partition(';')[0].strip().lower()
+    if media_type != 'application/json':
+        raise UnsupportedMediaType()
+
+
 def read_json_body(optional=False):
     """The request body as a dict: 413 over 1 MiB, 400 unless it is one JSON object.
 
@@ -1164,12 +1193,7 @@ def read_json_body(optional=False):
         if optional:
             return {}
         raise InvalidJSON('The request body is empty; send a JSON object.')
-    if nested_deeper_than(raw, MAX_JSON_DEPTH):
-        raise InvalidJSON(f'The request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.')
-    try:
-        body = json.loads(raw, parse_constant=refuse_json_constant, parse_float=finite_float)
-    except (ValueError, RecursionError):
-        raise InvalidJSON('The request body is not valid JSON.') from None
+    body = parse_json_bytes(raw)
     if not isinstance(body, dict):
         raise InvalidJSON('The request body must be a JSON object, not a '
                           f'{type(body).__name__.replace("dict", "object")}.')
@@ -1519,10 +1543,27 @@ def is_admin(account):
 ###############################################################################
 
 # Requests per client IP per fixed one-hour window, by endpoint class.
+# Every write route has one (tests/test_abuse_edge.py walks ROUTES): Stripe's events are counted too, with room
+# for a busy day's retries, so a forged flood costs its sender, not the service.
 RATE_LIMITS = {
     'read': 60, 'jobs_create': 20, 'agents_create': 10, 'job_action': 30, 'registration': 10,
     'votes': 30, 'arbitrators': 10, 'webhook_test': 10, 'sweeps': 60, 'pages': 600,
+    'decisions': 30, 'account_admin': 30, 'stripe_events': 3600,
 }
+
+
+def address_group(ip):
+    """The client address a limit counts by: an IPv4 address as is, an IPv6 one as its /64 network
+    ('2001:db8:1:2::/64'), an IPv4-mapped IPv6 address as its IPv4; anything else unchanged."""
+    try:
+        address = ipaddress.ip_address(ip.strip())
+    except ValueError:
+        return ip
+    if address.version == 6:
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f'{address}/64', strict=False))
+    return str(address)
 
 
 class RateLimiter:
@@ -1535,7 +1576,8 @@ class RateLimiter:
         self.lock = threading.Lock()
 
     def hit(self, bucket, client):
-        """Count one request; return (allowed, headers)."""
+        """Count one request of `client` (an IP, counted by its address_group); return (allowed, headers)."""
+        client = address_group(client)
         moment = int(now().timestamp())
         window = moment // 3600
         limit = max(1, int(RATE_LIMITS[bucket] * self.scale))
@@ -4014,9 +4056,11 @@ def stats():
 # Accounts and agents ---------------------------------------------------------
 
 def require_open_registration():
+    """403 when registration is closed; 415 unless the body is declared JSON (no cross-site form signs anyone up)."""
     if not service().settings.open_registration:
         raise Forbidden('Open registration is turned off here; ask the operator for an API key.',
                         code='registration_closed')
+    require_json_content_type()
 
 
 @route('POST', '/api/accounts', limit='registration')
@@ -4031,15 +4075,15 @@ def post_account():
             'apiKey': key}
 
 
-@route('PATCH', '/api/accounts/<account_id>')
+@route('PATCH', '/api/accounts/<account_id>', limit='account_admin')
 def patch_account(account_id):
     """An admin exempts an account from x402 prices, or binds it to them again."""
     account = require_account()
     account_id = parse_uuid(account_id, 'accountId')
+    require_admin(account)
     form = Form(read_json_body())
     exempt = form.boolean('x402Exempt', required=True)
     form.done()
-    require_admin(account)
     db = service().db
     with db.transaction():
         if not db.execute('UPDATE accounts SET x402_exempt = :exempt WHERE id = :id',
@@ -4118,9 +4162,8 @@ def patch_agent(agent_id):
     account = require_account()
     agent_id = parse_uuid(agent_id, 'agentId')
     svc = service()
-    body = read_json_body()
-    agent = owned_agent(agent_id, account, admin_too=False)     # before the fields: no DNS look-up for strangers
-    changes = read_agent_body(body, svc.settings, partial=True)
+    agent = owned_agent(agent_id, account, admin_too=False)     # before the body: strangers' bodies are never read
+    changes = read_agent_body(read_json_body(), svc.settings, partial=True)
     for column in ('capabilities', 'pricing'):
         if column in changes:
             changes[column] = json.dumps(changes[column])
@@ -4137,8 +4180,8 @@ def patch_agent(agent_id):
 @route('POST', '/api/agents/<agent_id>/webhook-secret', limit='webhook_test')
 def post_webhook_secret(agent_id):
     account = require_account()
-    read_json_body(optional=True)
     agent = owned_agent(agent_id, account, admin_too=False)
+    read_json_body(optional=True)
     secret = new_webhook_secret()
     db = service().db
     with db.transaction():
@@ -4151,8 +4194,8 @@ def post_webhook_secret(agent_id):
 def post_stripe_onboarding(agent_id):
     """The agent's Stripe Connect onboarding (its owner only): its Express account, made once, and a fresh link."""
     account = require_account()
-    read_json_body(optional=True)
     agent = owned_agent(agent_id, account, admin_too=False)
+    read_json_body(optional=True)
     svc = service()
     if svc.stripe is None:
         raise NotFound('The stripe rail is simulated on this service: there is no Stripe account to open.',
@@ -4188,8 +4231,8 @@ def get_webhook_deliveries(agent_id):
 def post_redeliver(agent_id, delivery_id):
     account = require_account()
     agent_id, delivery_id = parse_uuid(agent_id, 'agentId'), parse_uuid(delivery_id, 'deliveryId')
-    read_json_body(optional=True)
     agent = owned_agent(agent_id, account)
+    read_json_body(optional=True)
     db = service().db
     with db.transaction():
         if not db.value('SELECT 1 FROM webhook_deliveries WHERE id = :id AND agent_id = :agent',
@@ -4640,6 +4683,7 @@ def post_delivery(job_id):
 def post_verify(job_id):
     account = require_account()
     job_id = parse_uuid(job_id, 'jobId')
+    require_requester(get_job(service().db, job_id), account)      # before the body (verify_claim checks again)
     form = Form(read_json_body())
     claim_id = form.uuid('claimId', required=True)
     approved = form.boolean('approved', required=True)
@@ -4654,9 +4698,11 @@ def post_verify(job_id):
 @route('POST', '/api/jobs/<job_id>/cancel', limit='job_action')
 def post_cancel(job_id):
     account = require_account()
-    read_json_body(optional=True)    # nothing to read, but a malformed body is still a 400
+    job_id = parse_uuid(job_id, 'jobId')
     svc = service()
-    job = cancel_job(svc.db, svc.settings, parse_uuid(job_id, 'jobId'), account)
+    require_requester(get_job(svc.db, job_id), account)         # before the body (cancel_job checks again)
+    read_json_body(optional=True)    # nothing to read, but a malformed body is still a 400
+    job = cancel_job(svc.db, svc.settings, job_id, account)
     return {'job': job_json(job, svc.settings.base_url)}
 
 
@@ -4664,18 +4710,20 @@ def post_cancel(job_id):
 def post_release(job_id, claim_id):
     account = require_account()
     job_id, claim_id = parse_uuid(job_id, 'jobId'), parse_uuid(claim_id, 'claimId')
-    read_json_body(optional=True)    # nothing to read, but a malformed body is still a 400
     svc = service()
+    require_requester(get_job(svc.db, job_id), account)         # before the body (release_claim checks again)
+    read_json_body(optional=True)    # nothing to read, but a malformed body is still a 400
     claim, job = release_claim(svc.db, job_id, claim_id, account)
     return {'claim': claim_json(claim, True), 'job': job_json(job, svc.settings.base_url)}     # the requester's
 
 
 # Stripe's events ---------------------------------------------------------------
 
-@route('POST', '/api/stripe/webhook', limit=None)
+@route('POST', '/api/stripe/webhook', limit='stripe_events')
 def post_stripe_webhook():
     """An event from Stripe, checked by its signature, applied once (STRIPE_EVENTS); 200 once its change commits.
-    Not rate-limited: a bad signature costs one HMAC and touches nothing, and Stripe's own events must not drop."""
+    Limited per IP (stripe_events, far above Stripe's pace): a bad signature costs one HMAC and touches nothing,
+    and an event refused with 429 is sent again by Stripe later."""
     svc = service()
     if svc.stripe is None:
         raise NotFound('The stripe rail is simulated on this service: it takes no Stripe events.')
@@ -4873,16 +4921,18 @@ def show_dispute(dispute_id):
     return dispute_detail(svc.db, parse_uuid(dispute_id, 'disputeId'), svc.settings, caller())
 
 
-@route('PATCH', '/api/disputes/<dispute_id>', limit=None)
+@route('PATCH', '/api/disputes/<dispute_id>', limit='decisions')
 def patch_dispute(dispute_id):
     account = require_account()
     dispute_id = parse_uuid(dispute_id, 'disputeId')
+    svc = service()
+    if not is_admin(account):       # before the body (resolve_dispute checks again in its transaction)
+        trusted_decider(svc.db, get_dispute(svc.db, dispute_id), account)
     form = Form(read_json_body())
     outcome = form.choice('outcome', OUTCOMES, required=True)
     resolution = form.text('resolution', required=True, max_len=5000)
     resolved_by = form.text('resolvedBy', max_len=200)
     form.done()
-    svc = service()
     dispute, job = resolve_dispute(svc.db, svc.settings, dispute_id, outcome, resolution, resolved_by, account)
     return {'dispute': dispute_json(dispute, svc.settings), 'escrowStatus': job['escrow_status'],
             'jobStatus': job['status']}
@@ -4942,10 +4992,11 @@ def get_arbitrators():
             'total': db.value('SELECT count(*) FROM arbitrators a' + clause, params), 'limit': limit, 'offset': offset}
 
 
-@route('PATCH', '/api/arbitrators/<arbitrator_id>', limit=None)
+@route('PATCH', '/api/arbitrators/<arbitrator_id>', limit='arbitrators')
 def patch_arbitrator(arbitrator_id):
     account = require_account()
     arbitrator_id = parse_uuid(arbitrator_id, 'arbitratorId')
+    require_admin(account)
     form = Form(read_json_body())
     status = form.choice('status', ('active', 'suspended'))
     trusted = form.boolean('trusted')
@@ -4953,7 +5004,6 @@ def patch_arbitrator(arbitrator_id):
     if status is None and trusted is None:
         raise ValidationFailed('Send status, trusted or both.', fields={'status': 'status or trusted is required',
                                                                        'trusted': 'status or trusted is required'})
-    require_admin(account)
     db = service().db
     with db.transaction():
         arbitrator = get_arbitrator(db, arbitrator_id)
@@ -4968,8 +5018,8 @@ def patch_arbitrator(arbitrator_id):
 
 def run_sweep_for_admin(sweep):
     account = require_account()
-    read_json_body(optional=True)
     require_admin(account)
+    read_json_body(optional=True)
     svc = service()
     return sweep(svc.db, svc.settings)
 
