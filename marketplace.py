@@ -5040,6 +5040,7 @@ def post_auto_verify():
 
 TEMPLATES = HERE / 'templates'
 STYLESHEET = HERE / 'static' / 'style.css'
+BOARD_SCRIPT = HERE / 'static' / 'board.js'      # a file, not inline: the pages' CSP runs no inline script
 EXPLORERS = {8453: 'https://basescan.org', 84532: 'https://sepolia.basescan.org'}     # block explorers by chain
 BOARD_SIZE = 50
 HTML_TYPE = 'text/html; charset=utf-8'
@@ -5168,6 +5169,14 @@ def stylesheet():
     response.content_type = 'text/css; charset=utf-8'
     response.set_header('Cache-Control', 'public, max-age=3600')
     return STYLESHEET.read_bytes()
+
+
+@route('GET', '/static/board.js', limit=None)
+def board_script():
+    """The board's script: new jobs from the live stream go on top."""
+    response.content_type = 'text/javascript; charset=utf-8'
+    response.set_header('Cache-Control', 'public, max-age=3600')
+    return BOARD_SCRIPT.read_bytes()
 
 
 @route('GET', '/', limit='pages')
@@ -5958,14 +5967,14 @@ API_OPERATIONS = {
         'ok': (200, 'OpenAPIDocument'), 'errors': (429,)},
     ('POST', '/api/accounts'): {
         'summary': 'Open registration: an account and its API key', 'tags': ['Accounts'],
-        'body': 'AccountCreate', 'ok': (201, 'AccountCreated'), 'errors': (400, 403, 413, 429),
+        'body': 'AccountCreate', 'ok': (201, 'AccountCreated'), 'errors': (400, 403, 413, 415, 429),
         'description': '403 `registration_closed` when the operator turned open registration off.'},
     ('PATCH', '/api/accounts/<account_id>'): {
         'summary': 'Exempt an account from x402 prices, or not (admins)', 'tags': ['Accounts'], 'auth': 'key',
-        'body': 'AccountPatch', 'ok': (200, 'AccountResult'), 'errors': (400, 401, 403, 404, 413)},
+        'body': 'AccountPatch', 'ok': (200, 'AccountResult'), 'errors': (400, 401, 403, 404, 413, 429)},
     ('POST', '/api/agents/register'): {
         'summary': 'Open registration: an account and its agent in one step', 'tags': ['Accounts', 'Agents'],
-        'body': 'AgentCreate', 'ok': (201, 'AgentRegistered'), 'errors': (400, 403, 413, 429),
+        'body': 'AgentCreate', 'ok': (201, 'AgentRegistered'), 'errors': (400, 403, 409, 413, 415, 429),
         'description': '403 `registration_closed` when the operator turned open registration off.'},
     ('POST', '/api/agents'): {
         'summary': "Register an agent for the caller's account", 'tags': ['Agents'], 'auth': 'key',
@@ -6032,7 +6041,7 @@ API_OPERATIONS = {
         'summary': "Stripe's events: a job paid by card opens, an unpaid one is cancelled", 'tags': ['Payments'],
         'headers': [{'name': 'Stripe-Signature', 'required': True, 'schema': {'type': 'string'},
                      'description': "Stripe's signature of the raw body with the endpoint's secret (whsec_...)."}],
-        'body': 'StripeEvent', 'ok': (200, 'StripeEventResult'), 'errors': (400, 404, 413, 503),
+        'body': 'StripeEvent', 'ok': (200, 'StripeEventResult'), 'errors': (400, 404, 413, 429, 503),
         'description': 'For Stripe only, in stripe mode (404 otherwise); no API key and no rate limit. 400 '
                        '`invalid_signature` when the signature is missing, wrong or over 300 s old: nothing changes. '
                        'Each event applies once by its id, in any order; 200 after its change commits (also for a '
@@ -6123,6 +6132,9 @@ API_OPERATIONS = {
     ('GET', '/static/style.css'): {
         'summary': "The pages' stylesheet", 'tags': ['Pages'], 'ok': (200, None), 'media': ['text/css'],
         'errors': ()},
+    ('GET', '/static/board.js'): {
+        'summary': "The board's script (new jobs from the live stream)", 'tags': ['Pages'], 'ok': (200, None),
+        'media': ['text/javascript'], 'errors': ()},
     ('POST', '/api/jobs/<job_id>/claim'): {
         'summary': 'Claim a job for an agent the caller owns', 'tags': ['Jobs'], 'auth': 'key',
         'body': 'ClaimCreate', 'body_optional': True, 'ok': (201, 'ClaimResult'),
@@ -6174,7 +6186,7 @@ API_OPERATIONS = {
         'ok': (200, 'DisputeDetail'), 'errors': (400, 404, 429)},
     ('PATCH', '/api/disputes/<dispute_id>'): {
         'summary': 'Decide a dispute for the worker or the requester', 'tags': ['Disputes'], 'auth': 'key',
-        'body': 'DisputeResolve', 'ok': (200, 'DisputeResolved'), 'errors': (400, 401, 403, 404, 409, 413, 503),
+        'body': 'DisputeResolve', 'ok': (200, 'DisputeResolved'), 'errors': (400, 401, 403, 404, 409, 413, 429, 503),
         'description': 'An admin, or the owner of a trusted, active arbitrator not linked to a party (403 '
                        '`conflict_of_interest` when linked, `forbidden` otherwise); resolvedBy counts only from '
                        "an admin, else it is the arbitrator's name. 409 `dispute_resolved` once decided."},
@@ -6200,7 +6212,7 @@ API_OPERATIONS = {
         'ok': (200, 'ArbitratorList'), 'errors': (400, 429)},
     ('PATCH', '/api/arbitrators/<arbitrator_id>'): {
         'summary': 'Activate, suspend or trust an arbitrator (admins)', 'tags': ['Arbitration'], 'auth': 'key',
-        'body': 'ArbitratorPatch', 'ok': (200, 'ArbitratorResult'), 'errors': (400, 401, 403, 404, 413)},
+        'body': 'ArbitratorPatch', 'ok': (200, 'ArbitratorResult'), 'errors': (400, 401, 403, 404, 413, 429)},
     ('POST', '/api/jobs/expire'): {
         'summary': 'Expire overdue jobs and refund their escrow (admins)', 'tags': ['Sweeps'], 'auth': 'key',
         'body': 'EmptyBody', 'body_optional': True, 'ok': (200, 'ExpireResult'), 'errors': (400, 401, 403, 413, 429),
@@ -6245,6 +6257,7 @@ ERROR_RESPONSES = {
           ('Retry-After',)),
     409: ('Conflict', 'The resource is not in a state that allows this.', ()),
     413: ('BodyTooLarge', 'The request body is over 1 MiB.', ()),
+    415: ('UnsupportedMediaType', 'The body is not declared Content-Type: application/json.', ()),
     503: ('Unavailable', 'The blockchain node (or the database) cannot answer now; retry later.', ('Retry-After',)),
     429: ('RateLimited', 'Too many requests from this IP in this hour (admin keys are exempt).',
           ('Retry-After', 'X-RateLimit-Limit', 'X-RateLimit-Remaining', 'X-RateLimit-Reset')),
@@ -6461,6 +6474,21 @@ class Service:
         self.db.close()
 
 
+# Every answer is read as the type it declares; pages run only this origin's scripts and styles, post forms only
+# here, and are framed by nobody.
+PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
+            "base-uri 'none'; form-action 'self'")
+
+
+def security_headers(headers):
+    """An answer's headers with X-Content-Type-Options: nosniff, and for a page its Content-Security-Policy."""
+    headers = [(name, value) for name, value in headers if name.lower() != 'x-content-type-options']
+    headers.append(('X-Content-Type-Options', 'nosniff'))
+    if any(name.lower() == 'content-type' and value.startswith('text/html') for name, value in headers):
+        headers.append(('Content-Security-Policy', PAGE_CSP))
+    return headers
+
+
 def make_app(settings):
     """The WSGI app for these settings: routes, JSON errors and rate limits; no side effect on import."""
     app = bottle.Bottle(catchall=True)
@@ -6538,6 +6566,14 @@ def make_app(settings):
                            'status': error.status_code})
 
     app.default_error_handler = error_page
+    bottle_wsgi = app.wsgi
+
+    def wsgi_with_security_headers(environ, start_response):
+        def start(status, headers, exc_info=None):
+            return start_response(status, security_headers(headers), exc_info)
+        return bottle_wsgi(environ, start)
+
+    app.wsgi = wsgi_with_security_headers       # every answer: API, pages, errors, static files, the feed
     return app
 
 
