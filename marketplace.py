@@ -190,7 +190,7 @@ def route_of(endpoint):
                          if re.fullmatch(re.sub(r'<\w+>', '[^/]+', re.escape(rule)), path)), None)
 
 
-_PRICE_AMOUNT = re.compile(r'(\d{1,6})(?:\.(\d{1,6}))?')
+_PRICE_AMOUNT = re.compile(r'([0-9]{1,6})(?:\.([0-9]{1,6}))?')
 
 
 @dataclass(frozen=True)
@@ -674,11 +674,15 @@ def now_iso():
 
 
 def parse_time(text):
-    """Read an ISO 8601 time; a time without an offset is UTC."""
+    """Read an ISO 8601 time as UTC (a time without an offset is UTC); ValueError when it is not one, or when in UTC
+    it falls outside years 1 to 9999 ('9999-12-31T23:59:59-23:59'), so that nothing later overflows."""
     moment = datetime.fromisoformat(text.strip())
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment
+        return moment.replace(tzinfo=timezone.utc)
+    try:
+        return moment.astimezone(timezone.utc)
+    except OverflowError:
+        raise ValueError('the time is out of range in UTC') from None
 
 
 def new_id():
@@ -1082,7 +1086,9 @@ class OnChain:
 CATEGORIES = ('code', 'content', 'data', 'research', 'design', 'custom')
 COMPETITION_MODES = ('first-wins', 'best-wins', 'all-paid')
 MAX_BODY = 1024 * 1024
-_MONEY = re.compile(r'^\d{1,9}(\.\d{1,2})?$')
+# Digits are ASCII only: \d, int() and Decimal() take any script's digits ('２５', '٢٥'), which money must not.
+_MONEY = re.compile(r'^[0-9]{1,9}(\.[0-9]{1,2})?$')
+_DECIMAL_NUMBER = re.compile(r'[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]{1,4})?')
 _MISSING = object()
 
 
@@ -1100,8 +1106,11 @@ def read_hundredths(value):
     """Integer hundredths from a number or a decimal string (reputation), ValueError otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError('must be a number such as 10 or "10.00"')
+    text = str(value).strip()
+    if not _DECIMAL_NUMBER.fullmatch(text):
+        raise ValueError('must be a number such as 10 or "10.00"')
     try:
-        number = Decimal(str(value).strip())
+        number = Decimal(text)
     except InvalidOperation:
         raise ValueError('must be a number such as 10 or "10.00"') from None
     if not number.is_finite() or number < 0 or number > 1_000_000:
@@ -1291,7 +1300,7 @@ class Form:
 _PCT, _SUB = r'%[0-9A-Fa-f]{2}', r"[A-Za-z0-9\-._~!$&'()*+,;=]"       # RFC 3986: pct-encoded; unreserved, sub-delims
 _PCHAR = rf'(?:{_SUB}|{_PCT}|[:@])'
 _URL = re.compile(rf'^https?://(?:(?:{_SUB}|{_PCT}|:)*@)?(?P<host>\[[0-9A-Fa-f:.]+\]|(?:{_SUB}|{_PCT})+)'
-                  rf'(?::(?P<port>\d{{1,5}}))?(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?$',
+                  rf'(?::(?P<port>[0-9]{{1,5}}))?(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?$',
                   re.IGNORECASE)
 
 
@@ -3381,8 +3390,10 @@ def retry_after_seconds(header):
         pass
     try:
         moment = email.utils.parsedate_to_datetime(header)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
+    if moment.tzinfo is None:       # '-0000': UTC, the RFC says
+        moment = moment.replace(tzinfo=timezone.utc)
     return max(0, min(MAX_RETRY_AFTER, int((moment - now()).total_seconds())))
 
 
@@ -3931,7 +3942,7 @@ def page_params(query):
         raw = query.get(name)
         if raw is None or raw == '':
             return default
-        if not re.fullmatch(r'\d+', raw.strip()):
+        if not re.fullmatch(r'[0-9]+', raw.strip()):
             raise BadRequest(f'{name} must be a whole number of at least {low}.', code='invalid_parameter',
                              fields={name: f'must be a whole number of at least {low}'})
         return int(raw)
@@ -3957,7 +3968,7 @@ def query_min_pay(query):
     if raw is None or raw == '':
         return None
     try:
-        value = Decimal(raw.strip())
+        value = Decimal(raw.strip()) if _DECIMAL_NUMBER.fullmatch(raw.strip()) else Decimal(-1)
     except InvalidOperation:
         value = Decimal(-1)
     if not value.is_finite() or value < 0:
