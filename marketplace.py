@@ -225,6 +225,8 @@ SETTINGS = [
     Setting('rate_limits', 'on', parse_on_off, 'per-IP rate limits: on or off'),
     Setting('rate_limit_scale', 1.0, parse_positive(float),
             'multiply every rate limit by this (e.g. 10 for a busy private deployment)'),
+    Setting('max_agents_per_account', 20, parse_positive(int),
+            'agents one account may register (admins too); one more is 409 too_many_agents'),
     Setting('trust_proxy', False, parse_bool,
             'take the client IP from the last X-Forwarded-For entry (only behind your own proxy)'),
     Setting('shutdown_timeout', 10.0, parse_positive(float),
@@ -547,6 +549,8 @@ class Database:
         self.conn.execute('PRAGMA journal_mode = WAL')
         self.conn.execute('PRAGMA synchronous = FULL')
         self.conn.execute('PRAGMA foreign_keys = ON')
+        self.conn.create_scalar_function('unicode_lower', lambda text: text.lower() if isinstance(text, str) else text,
+                                         1, deterministic=True)       # Python's lower(); SQLite's folds ASCII only
         self._depth = 0
         self._writer = threading.RLock()     # gevent's under the server (monkey-patched): per greenlet
 
@@ -1684,14 +1688,17 @@ def read_agent_body(body, settings, partial=False):
     return agent
 
 
-def create_agent(db, account_id, fields):
-    """Register an agent for an account; return (agent row, webhook secret)."""
+def create_agent(db, account_id, fields, max_agents):
+    """Register an agent for an account that has fewer than `max_agents` (else 409); return (agent row, webhook
+    secret)."""
     moment = now_iso()
     secret = new_webhook_secret()
     row = dict(fields, id=new_id(), account_id=account_id, webhook_secret=secret,
                capabilities=json.dumps(fields['capabilities']), pricing=json.dumps(fields['pricing']),
                reputation=0, created_at=moment, updated_at=moment)
     with db.transaction():
+        if db.value('SELECT count(*) FROM agents WHERE account_id = :id', {'id': account_id}) >= max_agents:
+            raise Conflict(f'An account may register at most {max_agents} agents.', code='too_many_agents')
         db.insert('agents', row)
     return get_agent(db, row['id']), secret
 
@@ -3155,6 +3162,53 @@ def agent_match_score(agent, *, category=None, languages=(), job=None):
     return round(sum(AGENT_MATCH_WEIGHTS[name] * fit for name, fit in fits.items()) / weight, 4)
 
 
+# agent_match_score in SQL, so that a page of GET /api/agents/match is scored, counted and sorted by SQLite
+# (20,000 agents in Python took 1.4 s): each fit as a SQL expression over `a`, an agent row.
+AGENT_FIT_SQL = {
+    'category': """CASE WHEN coalesce(json_array_length(a.capabilities, '$.categories'), 0) = 0 THEN 0.5
+        WHEN EXISTS (SELECT 1 FROM json_each(a.capabilities, '$.categories') WHERE value = :category) THEN 1.0
+        ELSE 0.0 END""",
+    'language': """CASE WHEN coalesce(json_array_length(a.capabilities, '$.languages'), 0) = 0 THEN 0.5
+        WHEN EXISTS (SELECT 1 FROM json_each(a.capabilities, '$.languages') spoken
+                     WHERE unicode_lower(spoken.value) IN (SELECT value FROM json_each(:languages))) THEN 1.0
+        ELSE 0.0 END""",
+    'reputation': '(a.reputation / 100.0) / (a.reputation / 100.0 + 10)',
+    'value': """CASE WHEN (json_extract(a.pricing, '$.minimumJobValue') IS NULL
+                           OR :pay >= json_extract(a.pricing, '$.minimumJobValue'))
+                      AND (json_extract(a.capabilities, '$.maxJobValue') IS NULL
+                           OR :pay <= json_extract(a.capabilities, '$.maxJobValue')) THEN 1.0 ELSE 0.0 END""",
+    'currency': """CASE WHEN coalesce(json_array_length(a.pricing, '$.acceptedCurrencies'), 0) = 0
+        OR EXISTS (SELECT 1 FROM json_each(a.pricing, '$.acceptedCurrencies') WHERE value = :currency) THEN 1.0
+        ELSE 0.0 END""",
+}
+
+
+def match_agents(db, *, category, languages, min_reputation, job, limit, offset):
+    """A page of the agents matching a category/languages (or a job), best first, and how many match in all:
+    ([(agent row, matchScore)], total)."""
+    fits = [name for name, wanted in (('category', category), ('language', languages)) if wanted]
+    kept = ' AND '.join(f'({AGENT_FIT_SQL[name]}) != 0.0' for name in fits) or '1'
+    fits += ['reputation'] + (['value', 'currency'] if job is not None else [])
+    weight = sum(AGENT_MATCH_WEIGHTS[name] for name in fits)       # in agent_match_score's order: the same float
+    points = ' + '.join(f':weight_{name} * ({AGENT_FIT_SQL[name]})' for name in fits)
+    params = {**{f'weight_{name}': AGENT_MATCH_WEIGHTS[name] for name in fits}, 'category': category, 'languages': json.dumps(sorted(languages)), 'low': min_reputation,
+              'requester': job and job['requester_id'], 'pay': job and job['amount_cents'] / 100,
+              'currency': job and job['currency'], 'weight': weight, 'limit': limit, 'offset': offset}
+    matching = f"""FROM agents a WHERE a.reputation >= :low AND (:requester IS NULL OR a.account_id != :requester)
+                   AND {kept}"""
+    page = db.rows(f"""SELECT a.id, round(({points}) / :weight, 4) AS score, count(*) OVER () AS total {matching}
+                       ORDER BY score DESC, a.reputation DESC, a.created_at, a.rowid
+                       LIMIT :limit OFFSET :offset""", params)
+    total = page[0]['total'] if page else db.value(f'SELECT count(*) {matching}', params)
+    if not page:
+        return [], total
+    rows = {row['id']: row for row in db.rows(
+        f"{AGENT_SELECT} WHERE a.id IN (SELECT value FROM json_each(:ids))",
+        {'ids': json.dumps([row['id'] for row in page])})}
+    return [(rows[row['id']], agent_match_score(rows[row['id']], category=category, languages=languages, job=job))
+            for row in page], total
+
+
 ###############################################################################
 # The live job stream #########################################################
 ###############################################################################
@@ -4112,7 +4166,7 @@ def post_agent_register():
     db = service().db
     with db.transaction():
         account, key = create_account(db, fields['name'])
-        agent, secret = create_agent(db, account['id'], fields)
+        agent, secret = create_agent(db, account['id'], fields, service().settings.max_agents_per_account)
     response.status = 201
     return {'agent': agent_json(agent, account), 'apiKey': key, 'webhookSecret': secret}
 
@@ -4121,7 +4175,12 @@ def post_agent_register():
 def post_agent():
     account = require_account()
     svc = service()
-    agent, secret = create_agent(svc.db, account['id'], read_agent_body(read_json_body(), svc.settings))
+    if svc.db.value('SELECT count(*) FROM agents WHERE account_id = :id', {'id': account['id']}) >= \
+            svc.settings.max_agents_per_account:      # before the body (create_agent checks again)
+        raise Conflict(f'An account may register at most {svc.settings.max_agents_per_account} agents.',
+                       code='too_many_agents')
+    agent, secret = create_agent(svc.db, account['id'], read_agent_body(read_json_body(), svc.settings),
+                                 svc.settings.max_agents_per_account)
     response.status = 201
     return {'agent': agent_json(agent, account), 'webhookSecret': secret}
 
@@ -4816,7 +4875,7 @@ def get_job_matches():
 @route('GET', '/api/agents/match')
 def get_agent_matches():
     query = request.query
-    limit, _ = page_params(query)
+    limit, offset = page_params(query)
     db = service().db
     job = None
     if query.get('job_id'):
@@ -4836,15 +4895,11 @@ def get_agent_matches():
         if category is None and not languages and not raw:
             raise BadRequest('Give job_id, or at least one of category, language and min_reputation.',
                              code='missing_query')
-    matches = []
-    for agent in db.rows(AGENT_SELECT + ' WHERE a.reputation >= :low', {'low': min_reputation}):
-        if job is not None and agent['account_id'] == job['requester_id']:
-            continue      # it could not claim its own account's job
-        score = agent_match_score(agent, category=category, languages=languages, job=job)
-        if score is not None:
-            matches.append(dict(agent_json(agent), matchScore=score))
-    matches.sort(key=lambda agent: (-agent['matchScore'], -float(agent['reputationScore']), agent['createdAt']))
-    return {'matches': matches[:limit], 'total': len(matches)}
+    # the job's requester's own agents are left out: they could not claim its account's job
+    page, total = match_agents(db, category=category, languages=languages, min_reputation=min_reputation, job=job,
+                               limit=limit, offset=offset)
+    return {'matches': [dict(agent_json(agent), matchScore=score) for agent, score in page], 'total': total,
+            'limit': limit, 'offset': offset}
 
 
 @route('GET', '/api/jobs/stream')
@@ -5873,9 +5928,10 @@ API_SCHEMAS = {
     'AgentMatch': {'type': 'object', 'description': 'An agent and its match score.',
                    'required': AGENT_SCHEMA['required'] + ['matchScore'],
                    'properties': dict(AGENT_SCHEMA['properties'], matchScore=MATCH_SCORE_SCHEMA)},
-    'AgentMatches': {'type': 'object', 'required': ['matches', 'total'], 'properties': {
-        'matches': {'type': 'array', 'items': schema_ref('AgentMatch'), 'description': 'Best match first.'},
-        'total': COUNT_SCHEMA}},
+    'AgentMatches': {'type': 'object', 'required': ['matches', 'total', 'limit', 'offset'], 'properties': {
+        'matches': {'type': 'array', 'items': schema_ref('AgentMatch'), 'description': 'Best match first: a page.'},
+        'total': {**COUNT_SCHEMA, 'description': 'How many agents match in all.'},
+        'limit': {'type': 'integer', 'minimum': 1, 'maximum': 200}, 'offset': COUNT_SCHEMA}},
     'AgentCard': {'type': 'object', 'description': "An A2A agent card for one agent; `url` is the card's own address.",
                   'required': ['name', 'description', 'url', 'capabilities', 'skills', 'reputation', 'payment'],
                   'properties': {
@@ -5985,11 +6041,12 @@ API_OPERATIONS = {
         'body': 'AccountPatch', 'ok': (200, 'AccountResult'), 'errors': (400, 401, 403, 404, 413, 429)},
     ('POST', '/api/agents/register'): {
         'summary': 'Open registration: an account and its agent in one step', 'tags': ['Accounts', 'Agents'],
-        'body': 'AgentCreate', 'ok': (201, 'AgentRegistered'), 'errors': (400, 403, 409, 413, 415, 429),
+        'body': 'AgentCreate', 'ok': (201, 'AgentRegistered'), 'errors': (400, 403, 413, 415, 429),
         'description': '403 `registration_closed` when the operator turned open registration off.'},
     ('POST', '/api/agents'): {
         'summary': "Register an agent for the caller's account", 'tags': ['Agents'], 'auth': 'key',
-        'body': 'AgentCreate', 'ok': (201, 'AgentCreated'), 'errors': (400, 401, 413, 429)},
+        'body': 'AgentCreate', 'ok': (201, 'AgentCreated'), 'errors': (400, 401, 409, 413, 429),
+        'description': '409 `too_many_agents` when the account has --max-agents-per-account agents already.'},
     ('GET', '/api/agents'): {
         'summary': 'List agents', 'tags': ['Agents'], 'auth': 'optional',
         'query': [{'name': 'sort', 'schema': {'type': 'string', 'enum': list(AGENT_SORTS), 'default': 'reputation'},
@@ -6040,7 +6097,7 @@ API_OPERATIONS = {
                   {'name': 'category', 'schema': CATEGORY_SCHEMA, 'description': 'Without job_id: this category.'},
                   {'name': 'language', 'schema': {'type': 'string'}, 'description': 'Without job_id: this language.'},
                   {'name': 'min_reputation', 'schema': {'type': 'number', 'minimum': 0},
-                   'description': 'Only agents with at least this reputation.'}, LIMIT_PARAM],
+                   'description': 'Only agents with at least this reputation.'}, LIMIT_PARAM, OFFSET_PARAM],
         'ok': (200, 'AgentMatches'), 'errors': (400, 404, 429)},
     ('GET', '/api/jobs'): {
         'summary': 'List jobs', 'tags': ['Jobs'],
