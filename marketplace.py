@@ -30,6 +30,7 @@ import hmac
 import html
 import io
 import ipaddress
+import itertools
 import json
 import logging
 import math
@@ -1136,9 +1137,25 @@ def finite_float(text):
 MAX_JSON_DEPTH = 32
 
 
+_JSON_STRING = re.compile(rb'"[^"]*"')        # once escaped backslashes and quotes are gone
+_NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b'[]{}')
+_BRACKET_STEPS = bytes.maketrans(b'[{]}', b'\x01\x01\xff\xff')      # +1 and, read as signed bytes, -1
+
+
+def utf8_json_nested_deeper_than(raw, limit):
+    """Do the bytes of valid UTF-8 JSON nest arrays and objects more than `limit` deep? At C speed (the byte-by-byte
+    scan it replaces took 270 ms on 1 MiB; this takes 10 to 50): escapes and strings dropped, only brackets kept,
+    each an opening +1 or a closing -1, and the highest running sum is the depth."""
+    if raw.count(b'[') + raw.count(b'{') <= limit:
+        return False
+    unescaped = raw.replace(b'\\\\', b'').replace(b'\\"', b'')       # JSON's escapes pair up from the left
+    steps = _JSON_STRING.sub(b'', unescaped).translate(None, _NOT_BRACKETS).translate(_BRACKET_STEPS)
+    return max(itertools.accumulate(memoryview(steps).cast('b')), default=0) > limit
+
+
 def nested_deeper_than(value, limit):
     """Does a parsed JSON value nest arrays and objects more than `limit` deep? (Iterative, with an early exit:
-    no recursion however deep, and a shallow value costs one pass at most.)"""
+    no recursion however deep.)"""
     level = [value]
     for _ in range(limit):
         level = [child for item in level if isinstance(item, (dict, list))
@@ -1156,28 +1173,40 @@ def parse_json_bytes(raw):
     """The JSON value of a body: orjson (refuses more than 1,024 levels itself, in C) first; json for what orjson
     reads otherwise or refuses (long integers, lone surrogates), so the rules stay json's: no NaN or Infinity,
     no number too large for a float, the last of duplicate keys wins. InvalidJSON when it is not JSON."""
+    too_deep = InvalidJSON(f'The request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.')
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         if str(exc).startswith('depth limit exceeded'):
-            raise InvalidJSON(f'The request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.') \
-                from None
+            raise too_deep from None
         value = _MISSING
-    if value is _MISSING or _LONG_NUMBER.search(raw):
-        try:
-            value = json.loads(raw, parse_constant=refuse_json_constant, parse_float=finite_float)
-        except RecursionError:
-            raise InvalidJSON(f'The request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.') \
-                from None
-        except ValueError:
-            raise InvalidJSON('The request body is not valid JSON.') from None
+    if value is not _MISSING:       # valid UTF-8 JSON
+        if utf8_json_nested_deeper_than(raw, MAX_JSON_DEPTH):
+            raise too_deep
+        if not _LONG_NUMBER.search(raw):
+            return value
+    try:
+        value = json.loads(raw, parse_constant=refuse_json_constant, parse_float=finite_float)
+    except RecursionError:
+        raise too_deep from None
+    except ValueError:
+        raise InvalidJSON('The request body is not valid JSON.') from None
     if nested_deeper_than(value, MAX_JSON_DEPTH):
-        raise InvalidJSON(f'The request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.')
+        raise too_deep
     return value
+
+
+# An answer given before the body was read (a refusal: no key, no right, a rate limit) closes the connection
+# when more than DRAIN_LIMIT bytes of body are still unread, rather than read and drop them (the server's
+# make_server skips gevent's draining then): a stranger's megabyte costs the service nothing.
+UNREAD_BODY = 'marketplace.unread_body'
+BODY_READ = 'marketplace.body_read'
+DRAIN_LIMIT = 64 * 1024
 
 
 def read_raw_body():
     """The request body as bytes, as sent: 413 over 1 MiB."""
+    request.environ[BODY_READ] = True
     length = request.content_length
     if length > MAX_BODY:
         raise BodyTooLarge()
@@ -6557,6 +6586,16 @@ def security_headers(headers):
     return headers
 
 
+def close_unread_body():
+    """Close the connection after this answer when more than DRAIN_LIMIT bytes of its body were never read."""
+    if request.method in ('GET', 'HEAD') or request.environ.get(BODY_READ):
+        return
+    length = request.content_length
+    if length > DRAIN_LIMIT or (length < 0 and request.environ.get('HTTP_TRANSFER_ENCODING')):
+        request.environ[UNREAD_BODY] = True
+        response.set_header('Connection', 'close')
+
+
 def make_app(settings):
     """The WSGI app for these settings: routes, JSON errors and rate limits; no side effect on import."""
     app = bottle.Bottle(catchall=True)
@@ -6597,6 +6636,7 @@ def make_app(settings):
                 else:
                     result = handler(**params)
             except APIError as error:
+                close_unread_body()
                 return send_error(error)
             except VerificationError as error:
                 return send_error(payment_error(error))
@@ -6606,6 +6646,7 @@ def make_app(settings):
                                               headers={'Retry-After': '1'}))
             if request.method != 'GET' and settings.onchain:
                 app.service.broadcast_payouts()
+            close_unread_body()
             if before is not None:
                 app.service.send_stripe_payouts(before)
             if isinstance(result, dict):
@@ -6659,7 +6700,10 @@ def call_app(app, method, path, body=None, key=None, headers=None):
     if key:
         environ['HTTP_AUTHORIZATION'] = f'Bearer {key}'
     for name, value in (headers or {}).items():
-        environ['HTTP_' + name.upper().replace('-', '_')] = value
+        if name.lower() == 'content-type':
+            environ['CONTENT_TYPE'] = value
+        else:
+            environ['HTTP_' + name.upper().replace('-', '_')] = value
     outcome = {}
 
     def start_response(status, response_headers, exc_info=None):
@@ -6809,6 +6853,11 @@ def make_server(app, settings):
             if self.server.stopping:
                 self.close_connection = True
             return super().handle_one_response()
+
+        def run_application(self):
+            super().run_application()
+            if self.close_connection and self.environ.get(UNREAD_BODY):
+                self.wsgi_input._discard = lambda: None     # closed undrained: a refused body is never read
 
         def handle_one_request(self):
             result = super().handle_one_request()
