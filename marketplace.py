@@ -4966,6 +4966,7 @@ def require_admin(account):
 def post_dispute(job_id):
     account = require_account()
     job_id = parse_uuid(job_id, 'jobId')
+    require_requester(get_job(service().db, job_id), account)      # before the body (open_dispute checks again)
     form = Form(read_json_body())
     claim_id = form.uuid('claimId', required=True)
     reason = form.text('reason', required=True, max_len=5000)
@@ -5037,6 +5038,8 @@ def patch_dispute(dispute_id):
 def post_vote(dispute_id):
     account = require_account()
     dispute_id = parse_uuid(dispute_id, 'disputeId')
+    if not service().db.value('SELECT 1 FROM arbitrators WHERE account_id = :id', {'id': account['id']}):
+        raise Forbidden('You can vote only with an arbitrator your account owns.')     # before the body
     form = Form(read_json_body())
     arbitrator_id = form.uuid('arbitratorId', required=True)
     choice = form.choice('vote', OUTCOMES, required=True)

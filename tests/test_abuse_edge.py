@@ -143,6 +143,8 @@ def test_a_strangers_body_is_never_read(app, client, market):
         ('POST', f'/api/jobs/{job["id"]}/verify'),
         ('POST', f'/api/jobs/{job["id"]}/cancel'),
         ('POST', f'/api/jobs/{job["id"]}/claims/{claim["id"]}/release'),
+        ('POST', f'/api/jobs/{job["id"]}/dispute'),
+        ('POST', f'/api/disputes/{opened["id"]}/vote'),
         ('POST', '/api/jobs/expire'),
         ('POST', '/api/jobs/auto-verify'),
     ]

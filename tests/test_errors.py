@@ -70,13 +70,18 @@ def fill(path, value):
 
 
 def body_target(app, path):
-    """Where a caller with every right sends bodies to `path`: rights come before the body (CONTRACT.md 19), so the
-    admin key, on a real job or agent of the admin's for their routes (their owner's rights are checked first)."""
+    """Where, and with which key, a caller with every right sends bodies to `path`: rights come before the body
+    (CONTRACT.md 19), so the admin key on a real job or agent of the admin's (their owner's rights are checked
+    first), with an admin's arbitrator for votes: (path, key)."""
+    client = mp_client(app)
+    if path.endswith('/vote'):
+        answer = client.post('/api/arbitrators', {'name': 'judge', 'walletAddress': '0x' + '7' * 40}, key=ADMIN_KEY)
+        assert answer.status == 201, answer
     if '<job_id>' in path:
-        path = path.replace('<job_id>', make_job(mp_client(app), ADMIN_KEY)['id'])
+        path = path.replace('<job_id>', make_job(client, ADMIN_KEY)['id'])
     if '<agent_id>' in path:
-        path = path.replace('<agent_id>', make_agent(mp_client(app), ADMIN_KEY)[0]['id'])
-    return fill(path, str(uuid.uuid4()))
+        path = path.replace('<agent_id>', make_agent(client, ADMIN_KEY)[0]['id'])
+    return fill(path, str(uuid.uuid4())), ADMIN_KEY
 
 
 def test_every_route_answers_errors_as_json(app):
@@ -142,24 +147,25 @@ def test_every_route_answers_errors_as_json(app):
                          413, 'body_too_large', where)
 
             if path not in NO_BODY:
-                target = body_target(app, path)
+                target, target_key = body_target(app, path)
                 for raw in (b'{nope', b'[1, 2]', b'[]', b'"text"', b'42', b'null', b'{"a": 1} trailing',
                             b'\xff\xfe{}', b'{"a": NaN'):
-                    assert_error(call(app, method, target, raw, key=ADMIN_KEY), 400, 'invalid_json',
+                    assert_error(call(app, method, target, raw, key=target_key), 400, 'invalid_json',
                                  f'{where} with {raw[:20]!r}')
         checked += 1
 
     assert checked == len(mp.ROUTES)
-    # Nothing was created by any refused request (the caller's account and the admin only; body_target's jobs and
-    # agents, one per route it served, are the admin's).
+    # Nothing was created by any refused request (the caller's account and the admin only; body_target's jobs,
+    # agents and arbitrators, one per route it served, are its own).
     db = app.service.db
-    assert db.value('SELECT count(*) FROM accounts') == 2
-    member = "(SELECT id FROM accounts WHERE role != 'admin')"
-    assert db.value(f'SELECT count(*) FROM jobs WHERE requester_id = {member}') == 0
-    assert db.value(f'SELECT count(*) FROM agents WHERE account_id = {member}') == 0
+    caller = "(SELECT id FROM accounts WHERE name = 'caller')"
+    assert db.value(f'SELECT count(*) FROM jobs WHERE requester_id = {caller}') == 0
+    assert db.value(f'SELECT count(*) FROM agents WHERE account_id = {caller}') == 0
     served = {path for method, path in body_routes()}
+    assert db.value('SELECT count(*) FROM accounts') == 2
     assert db.value('SELECT count(*) FROM jobs') == sum('<job_id>' in path for path in served)
     assert db.value('SELECT count(*) FROM agents') == sum('<agent_id>' in path for path in served)
+    assert db.value('SELECT count(*) FROM arbitrators') == sum(path.endswith('/vote') for path in served)
 
 
 def test_open_registration_routes_really_need_no_key(client):
@@ -273,9 +279,9 @@ def test_non_finite_numbers_are_not_json(app):
     """NaN, Infinity and numbers that overflow a double are not JSON (RFC 8259): 400 invalid_json,
     or they would be stored and later sent out as NaN/Infinity, which strict parsers refuse."""
     for method, path in body_routes():
-        concrete = body_target(app, path)
+        concrete, key = body_target(app, path)
         for number in (b'NaN', b'Infinity', b'-Infinity', b'1e400'):
-            assert_error(call(app, method, concrete, b'{"name": "x", "extra": ' + number + b'}', key=ADMIN_KEY),
+            assert_error(call(app, method, concrete, b'{"name": "x", "extra": ' + number + b'}', key=key),
                          400, 'invalid_json', f'{method} {path} with {number!r}')
 
 
