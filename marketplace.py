@@ -3220,7 +3220,8 @@ def match_agents(db, *, category, languages, min_reputation, job, limit, offset)
     fits += ['reputation'] + (['value', 'currency'] if job is not None else [])
     weight = sum(AGENT_MATCH_WEIGHTS[name] for name in fits)       # in agent_match_score's order: the same float
     points = ' + '.join(f':weight_{name} * ({AGENT_FIT_SQL[name]})' for name in fits)
-    params = {**{f'weight_{name}': AGENT_MATCH_WEIGHTS[name] for name in fits}, 'category': category, 'languages': json.dumps(sorted(languages)), 'low': min_reputation,
+    params = {**{f'weight_{name}': AGENT_MATCH_WEIGHTS[name] for name in fits},
+              'category': category, 'languages': json.dumps(sorted(languages)), 'low': min_reputation,
               'requester': job and job['requester_id'], 'pay': job and job['amount_cents'] / 100,
               'currency': job and job['currency'], 'weight': weight, 'limit': limit, 'offset': offset}
     matching = f"""FROM agents a WHERE a.reputation >= :low AND (:requester IS NULL OR a.account_id != :requester)

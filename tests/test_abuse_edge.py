@@ -278,7 +278,8 @@ def test_sql_matching_agrees_with_agent_match_score(app, client, market):
                                  'capabilities': json.dumps(capabilities), 'pricing': json.dumps(pricing),
                                  'reputation': pick.choice([0, 150, 1000, 1000, 2575]), 'created_at': moment,
                                  'updated_at': moment})
-    jobs = [market.job(category='code', paymentAmount='25.00', requirements={'languages': ['python', 'ελληνικά']}),
+    jobs = [market.job(category='code', paymentAmount='25.00',
+                       requirements={'languages': ['python', 'ελληνικά']}),
             market.job(category='data', paymentAmount='30.25', paymentCurrency='USD', requirements={})]
     queries = [f'job_id={job["id"]}' for job in jobs] + ['category=code&language=GO', 'language=%CE%B5%CE%BB%CE%BB'
                '%CE%B7%CE%BD%CE%B9%CE%BA%CE%AC', 'min_reputation=10', 'category=design&min_reputation=1.5']
