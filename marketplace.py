@@ -30,6 +30,7 @@ import hmac
 import html
 import io
 import ipaddress
+import itertools
 import json
 import logging
 import math
@@ -191,7 +192,7 @@ def route_of(endpoint):
                          if re.fullmatch(re.sub(r'<\w+>', '[^/]+', re.escape(rule)), path)), None)
 
 
-_PRICE_AMOUNT = re.compile(r'(\d{1,6})(?:\.(\d{1,6}))?')
+_PRICE_AMOUNT = re.compile(r'([0-9]{1,6})(?:\.([0-9]{1,6}))?')
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,8 @@ SETTINGS = [
     Setting('rate_limits', 'on', parse_on_off, 'per-IP rate limits: on or off'),
     Setting('rate_limit_scale', 1.0, parse_positive(float),
             'multiply every rate limit by this (e.g. 10 for a busy private deployment)'),
+    Setting('max_agents_per_account', 20, parse_positive(int),
+            'agents one account may register (admins too); one more is 409 too_many_agents'),
     Setting('trust_proxy', False, parse_bool,
             'take the client IP from the last X-Forwarded-For entry (only behind your own proxy)'),
     Setting('shutdown_timeout', 10.0, parse_positive(float),
@@ -432,6 +435,12 @@ class BodyTooLarge(APIError):
     message = 'The request body is larger than 1 MiB.'
 
 
+class UnsupportedMediaType(APIError):
+    status = 415
+    code = 'unsupported_media_type'
+    message = 'Send the body as JSON with Content-Type: application/json.'
+
+
 class RateLimited(APIError):
     status = 429
     code = 'rate_limited'
@@ -456,7 +465,7 @@ def payment_error(exc):
 
 STATUS_CODES = {400: 'bad_request', 401: 'unauthorized', 403: 'forbidden', 404: 'not_found',
                 405: 'method_not_allowed', 409: 'conflict', 413: 'body_too_large',
-                429: 'rate_limited', 500: 'internal_error', 503: 'unavailable'}
+                415: 'unsupported_media_type', 429: 'rate_limited', 500: 'internal_error', 503: 'unavailable'}
 
 
 ###############################################################################
@@ -563,6 +572,8 @@ class Database:
         self.conn.execute('PRAGMA journal_mode = WAL')
         self.conn.execute('PRAGMA synchronous = FULL')
         self.conn.execute('PRAGMA foreign_keys = ON')
+        self.conn.create_scalar_function('unicode_lower', lambda text: text.lower() if isinstance(text, str) else text,
+                                         1, deterministic=True)       # Python's lower(); SQLite's folds ASCII only
         self._depth = 0
         self._writer = threading.RLock()     # gevent's under the server (monkey-patched): per greenlet
 
@@ -690,11 +701,15 @@ def now_iso():
 
 
 def parse_time(text):
-    """Read an ISO 8601 time; a time without an offset is UTC."""
+    """Read an ISO 8601 time as UTC (a time without an offset is UTC); ValueError when it is not one, or when in UTC
+    it falls outside years 1 to 9999 ('9999-12-31T23:59:59-23:59'), so that nothing later overflows."""
     moment = datetime.fromisoformat(text.strip())
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment
+        return moment.replace(tzinfo=timezone.utc)
+    try:
+        return moment.astimezone(timezone.utc)
+    except OverflowError:
+        raise ValueError('the time is out of range in UTC') from None
 
 
 def new_id():
@@ -1186,7 +1201,9 @@ class OnChain:
 CATEGORIES = ('code', 'content', 'data', 'research', 'design', 'custom')
 COMPETITION_MODES = ('first-wins', 'best-wins', 'all-paid')
 MAX_BODY = 1024 * 1024
-_MONEY = re.compile(r'^\d{1,9}(\.\d{1,2})?$')
+# Digits are ASCII only: \d, int() and Decimal() take any script's digits ('２５', '٢٥'), which money must not.
+_MONEY = re.compile(r'^[0-9]{1,9}(\.[0-9]{1,2})?$')
+_DECIMAL_NUMBER = re.compile(r'[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]{1,4})?')
 _MISSING = object()
 
 
@@ -1204,8 +1221,11 @@ def read_hundredths(value):
     """Integer hundredths from a number or a decimal string (reputation), ValueError otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError('must be a number such as 10 or "10.00"')
+    text = str(value).strip()
+    if not _DECIMAL_NUMBER.fullmatch(text):
+        raise ValueError('must be a number such as 10 or "10.00"')
     try:
-        number = Decimal(str(value).strip())
+        number = Decimal(text)
     except InvalidOperation:
         raise ValueError('must be a number such as 10 or "10.00"') from None
     if not number.is_finite() or number < 0 or number > 1_000_000:
@@ -1227,33 +1247,76 @@ def finite_float(text):
 MAX_JSON_DEPTH = 32
 
 
-def nested_deeper_than(raw, limit):
-    """Do the JSON bytes nest arrays and objects more than `limit` deep? (Checked before parsing: a parser
-    recursing a million levels can exhaust the C stack, whatever the recursion limit says.)"""
+_JSON_STRING = re.compile(rb'"[^"]*"')        # once escaped backslashes and quotes are gone
+_NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b'[]{}')
+_BRACKET_STEPS = bytes.maketrans(b'[{]}', b'\x01\x01\xff\xff')      # +1 and, read as signed bytes, -1
+
+
+def utf8_json_nested_deeper_than(raw, limit):
+    """Do the bytes of valid UTF-8 JSON nest arrays and objects more than `limit` deep? At C speed (the byte-by-byte
+    scan it replaces took 270 ms on 1 MiB; this takes 10 to 50): escapes and strings dropped, only brackets kept,
+    each an opening +1 or a closing -1, and the highest running sum is the depth."""
     if raw.count(b'[') + raw.count(b'{') <= limit:
         return False
-    depth, in_string, escaped = 0, False, False
-    for byte in raw:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:          # backslash
-                escaped = True
-            elif byte == 0x22:          # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):      # [ {
-            depth += 1
-            if depth > limit:
-                return True
-        elif byte in (0x5D, 0x7D):      # ] }
-            depth -= 1
-    return False
+    unescaped = raw.replace(b'\\\\', b'').replace(b'\\"', b'')       # JSON's escapes pair up from the left
+    steps = _JSON_STRING.sub(b'', unescaped).translate(None, _NOT_BRACKETS).translate(_BRACKET_STEPS)
+    return max(itertools.accumulate(memoryview(steps).cast('b')), default=0) > limit
+
+
+def nested_deeper_than(value, limit):
+    """Does a parsed JSON value nest arrays and objects more than `limit` deep? (Iterative, with an early exit:
+    no recursion however deep.)"""
+    level = [value]
+    for _ in range(limit):
+        level = [child for item in level if isinstance(item, (dict, list))
+                 for child in (item.values() if isinstance(item, dict) else item)]
+        if not level:
+            return False
+    return any(isinstance(item, (dict, list)) for item in level)
+
+
+# Digits runs that long may be integers beyond 64 bits, which orjson reads as floats: json reads those exactly.
+_LONG_NUMBER = re.compile(rb'[0-9]{18}')
+
+
+def parse_json_bytes(raw):
+    """The JSON value of a body: orjson (refuses more than 1,024 levels itself, in C) first; json for what orjson
+    reads otherwise or refuses (long integers, lone surrogates), so the rules stay json's: no NaN or Infinity,
+    no number too large for a float, the last of duplicate keys wins. InvalidJSON when it is not JSON."""
+    too_deep = InvalidJSON(f'The request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.')
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if str(exc).startswith('depth limit exceeded'):
+            raise too_deep from None
+        value = _MISSING
+    if value is not _MISSING:       # valid UTF-8 JSON
+        if utf8_json_nested_deeper_than(raw, MAX_JSON_DEPTH):
+            raise too_deep
+        if not _LONG_NUMBER.search(raw):
+            return value
+    try:
+        value = json.loads(raw, parse_constant=refuse_json_constant, parse_float=finite_float)
+    except RecursionError:
+        raise too_deep from None
+    except ValueError:
+        raise InvalidJSON('The request body is not valid JSON.') from None
+    if nested_deeper_than(value, MAX_JSON_DEPTH):
+        raise too_deep
+    return value
+
+
+# An answer given before the body was read (a refusal: no key, no right, a rate limit) closes the connection
+# when more than DRAIN_LIMIT bytes of body are still unread, rather than read and drop them (the server's
+# make_server skips gevent's draining then): a stranger's megabyte costs the service nothing.
+UNREAD_BODY = 'marketplace.unread_body'
+BODY_READ = 'marketplace.body_read'
+DRAIN_LIMIT = 64 * 1024
 
 
 def read_raw_body():
     """The request body as bytes, as sent: 413 over 1 MiB."""
+    request.environ[BODY_READ] = True
     length = request.content_length
     if length > MAX_BODY:
         raise BodyTooLarge()
@@ -1262,6 +1325,14 @@ def read_raw_body():
     if len(raw) > MAX_BODY:
         raise BodyTooLarge()
     return raw
+
+
+def require_json_content_type():
+    """415 unless the body is declared JSON: a browser's cross-site form can send only text/plain, urlencoded or
+    multipart bodies, never application/json."""
+    media_type = request.environ.get('CONTENT_TYPE', '').partition(';')[0].strip().lower()
+    if media_type != 'application/json':
+        raise UnsupportedMediaType()
 
 
 def read_json_body(optional=False):
@@ -1274,12 +1345,7 @@ def read_json_body(optional=False):
         if optional:
             return {}
         raise InvalidJSON('The request body is empty; send a JSON object.')
-    if nested_deeper_than(raw, MAX_JSON_DEPTH):
-        raise InvalidJSON(f'The request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.')
-    try:
-        body = json.loads(raw, parse_constant=refuse_json_constant, parse_float=finite_float)
-    except (ValueError, RecursionError):
-        raise InvalidJSON('The request body is not valid JSON.') from None
+    body = parse_json_bytes(raw)
     if not isinstance(body, dict):
         raise InvalidJSON('The request body must be a JSON object, not a '
                           f'{type(body).__name__.replace("dict", "object")}.')
@@ -1377,7 +1443,7 @@ class Form:
 _PCT, _SUB = r'%[0-9A-Fa-f]{2}', r"[A-Za-z0-9\-._~!$&'()*+,;=]"       # RFC 3986: pct-encoded; unreserved, sub-delims
 _PCHAR = rf'(?:{_SUB}|{_PCT}|[:@])'
 _URL = re.compile(rf'^https?://(?:(?:{_SUB}|{_PCT}|:)*@)?(?P<host>\[[0-9A-Fa-f:.]+\]|(?:{_SUB}|{_PCT})+)'
-                  rf'(?::(?P<port>\d{{1,5}}))?(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?$',
+                  rf'(?::(?P<port>[0-9]{{1,5}}))?(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?$',
                   re.IGNORECASE)
 
 
@@ -1629,9 +1695,12 @@ def is_admin(account):
 ###############################################################################
 
 # Requests per client IP per fixed one-hour window, by endpoint class.
+# Every write route has one (tests/test_abuse_edge.py walks ROUTES): Stripe's events are counted too, with room
+# for a busy day's retries, so a forged flood costs its sender, not the service.
 RATE_LIMITS = {
     'read': 60, 'jobs_create': 20, 'agents_create': 10, 'job_action': 30, 'registration': 10,
     'votes': 30, 'arbitrators': 10, 'webhook_test': 10, 'sweeps': 60, 'pages': 600,
+    'decisions': 30, 'account_admin': 30, 'stripe_events': 3600,
 }
 
 
@@ -1659,7 +1728,8 @@ class RateLimiter:
         self.lock = threading.Lock()
 
     def hit(self, bucket, client):
-        """Count one request; return (allowed, headers)."""
+        """Count one request of `client` (an IP, counted by its address_group); return (allowed, headers)."""
+        client = address_group(client)
         moment = int(now().timestamp())
         window = moment // 3600
         limit = max(1, int(RATE_LIMITS[bucket] * self.scale))
@@ -1757,14 +1827,17 @@ def read_agent_body(body, settings, partial=False):
     return agent
 
 
-def create_agent(db, account_id, fields):
-    """Register an agent for an account; return (agent row, webhook secret)."""
+def create_agent(db, account_id, fields, max_agents):
+    """Register an agent for an account that has fewer than `max_agents` (else 409); return (agent row, webhook
+    secret)."""
     moment = now_iso()
     secret = new_webhook_secret()
     row = dict(fields, id=new_id(), account_id=account_id, webhook_secret=secret,
                capabilities=json.dumps(fields['capabilities']), pricing=json.dumps(fields['pricing']),
                reputation=0, created_at=moment, updated_at=moment)
     with db.transaction():
+        if db.value('SELECT count(*) FROM agents WHERE account_id = :id', {'id': account_id}) >= max_agents:
+            raise Conflict(f'An account may register at most {max_agents} agents.', code='too_many_agents')
         db.insert('agents', row)
     return get_agent(db, row['id']), secret
 
@@ -3228,6 +3301,54 @@ def agent_match_score(agent, *, category=None, languages=(), job=None):
     return round(sum(AGENT_MATCH_WEIGHTS[name] * fit for name, fit in fits.items()) / weight, 4)
 
 
+# agent_match_score in SQL, so that a page of GET /api/agents/match is scored, counted and sorted by SQLite
+# (20,000 agents in Python took 1.4 s): each fit as a SQL expression over `a`, an agent row.
+AGENT_FIT_SQL = {
+    'category': """CASE WHEN coalesce(json_array_length(a.capabilities, '$.categories'), 0) = 0 THEN 0.5
+        WHEN EXISTS (SELECT 1 FROM json_each(a.capabilities, '$.categories') WHERE value = :category) THEN 1.0
+        ELSE 0.0 END""",
+    'language': """CASE WHEN coalesce(json_array_length(a.capabilities, '$.languages'), 0) = 0 THEN 0.5
+        WHEN EXISTS (SELECT 1 FROM json_each(a.capabilities, '$.languages') spoken
+                     WHERE unicode_lower(spoken.value) IN (SELECT value FROM json_each(:languages))) THEN 1.0
+        ELSE 0.0 END""",
+    'reputation': '(a.reputation / 100.0) / (a.reputation / 100.0 + 10)',
+    'value': """CASE WHEN (json_extract(a.pricing, '$.minimumJobValue') IS NULL
+                           OR :pay >= json_extract(a.pricing, '$.minimumJobValue'))
+                      AND (json_extract(a.capabilities, '$.maxJobValue') IS NULL
+                           OR :pay <= json_extract(a.capabilities, '$.maxJobValue')) THEN 1.0 ELSE 0.0 END""",
+    'currency': """CASE WHEN coalesce(json_array_length(a.pricing, '$.acceptedCurrencies'), 0) = 0
+        OR EXISTS (SELECT 1 FROM json_each(a.pricing, '$.acceptedCurrencies') WHERE value = :currency) THEN 1.0
+        ELSE 0.0 END""",
+}
+
+
+def match_agents(db, *, category, languages, min_reputation, job, limit, offset):
+    """A page of the agents matching a category/languages (or a job), best first, and how many match in all:
+    ([(agent row, matchScore)], total)."""
+    fits = [name for name, wanted in (('category', category), ('language', languages)) if wanted]
+    kept = ' AND '.join(f'({AGENT_FIT_SQL[name]}) != 0.0' for name in fits) or '1'
+    fits += ['reputation'] + (['value', 'currency'] if job is not None else [])
+    weight = sum(AGENT_MATCH_WEIGHTS[name] for name in fits)       # in agent_match_score's order: the same float
+    points = ' + '.join(f':weight_{name} * ({AGENT_FIT_SQL[name]})' for name in fits)
+    params = {**{f'weight_{name}': AGENT_MATCH_WEIGHTS[name] for name in fits},
+              'category': category, 'languages': json.dumps(sorted(languages)), 'low': min_reputation,
+              'requester': job and job['requester_id'], 'pay': job and job['amount_cents'] / 100,
+              'currency': job and job['currency'], 'weight': weight, 'limit': limit, 'offset': offset}
+    matching = f"""FROM agents a WHERE a.reputation >= :low AND (:requester IS NULL OR a.account_id != :requester)
+                   AND {kept}"""
+    page = db.rows(f"""SELECT a.id, round(({points}) / :weight, 4) AS score, count(*) OVER () AS total {matching}
+                       ORDER BY score DESC, a.reputation DESC, a.created_at, a.rowid
+                       LIMIT :limit OFFSET :offset""", params)
+    total = page[0]['total'] if page else db.value(f'SELECT count(*) {matching}', params)
+    if not page:
+        return [], total
+    rows = {row['id']: row for row in db.rows(
+        f"{AGENT_SELECT} WHERE a.id IN (SELECT value FROM json_each(:ids))",
+        {'ids': json.dumps([row['id'] for row in page])})}
+    return [(rows[row['id']], agent_match_score(rows[row['id']], category=category, languages=languages, job=job))
+            for row in page], total
+
+
 ###############################################################################
 # The live job stream #########################################################
 ###############################################################################
@@ -3463,8 +3584,10 @@ def retry_after_seconds(header):
         pass
     try:
         moment = email.utils.parsedate_to_datetime(header)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
+    if moment.tzinfo is None:       # '-0000': UTC, the RFC says
+        moment = moment.replace(tzinfo=timezone.utc)
     return max(0, min(MAX_RETRY_AFTER, int((moment - now()).total_seconds())))
 
 
@@ -4016,7 +4139,7 @@ def page_params(query):
         raw = query.get(name)
         if raw is None or raw == '':
             return default
-        if not re.fullmatch(r'\d+', raw.strip()):
+        if not re.fullmatch(r'[0-9]+', raw.strip()):
             raise BadRequest(f'{name} must be a whole number of at least {low}.', code='invalid_parameter',
                              fields={name: f'must be a whole number of at least {low}'})
         return int(raw)
@@ -4042,7 +4165,7 @@ def query_min_pay(query):
     if raw is None or raw == '':
         return None
     try:
-        value = Decimal(raw.strip())
+        value = Decimal(raw.strip()) if _DECIMAL_NUMBER.fullmatch(raw.strip()) else Decimal(-1)
     except InvalidOperation:
         value = Decimal(-1)
     if not value.is_finite() or value < 0:
@@ -4141,9 +4264,11 @@ def stats():
 # Accounts and agents ---------------------------------------------------------
 
 def require_open_registration():
+    """403 when registration is closed; 415 unless the body is declared JSON (no cross-site form signs anyone up)."""
     if not service().settings.open_registration:
         raise Forbidden('Open registration is turned off here; ask the operator for an API key.',
                         code='registration_closed')
+    require_json_content_type()
 
 
 @route('POST', '/api/accounts', limit='registration')
@@ -4158,15 +4283,15 @@ def post_account():
             'apiKey': key}
 
 
-@route('PATCH', '/api/accounts/<account_id>')
+@route('PATCH', '/api/accounts/<account_id>', limit='account_admin')
 def patch_account(account_id):
     """An admin exempts an account from x402 prices, or binds it to them again."""
     account = require_account()
     account_id = parse_uuid(account_id, 'accountId')
+    require_admin(account)
     form = Form(read_json_body())
     exempt = form.boolean('x402Exempt', required=True)
     form.done()
-    require_admin(account)
     db = service().db
     with db.transaction():
         if not db.execute('UPDATE accounts SET x402_exempt = :exempt WHERE id = :id',
@@ -4184,7 +4309,7 @@ def post_agent_register():
     db = service().db
     with db.transaction():
         account, key = create_account(db, fields['name'])
-        agent, secret = create_agent(db, account['id'], fields)
+        agent, secret = create_agent(db, account['id'], fields, service().settings.max_agents_per_account)
     response.status = 201
     return {'agent': agent_json(agent, account), 'apiKey': key, 'webhookSecret': secret}
 
@@ -4193,7 +4318,12 @@ def post_agent_register():
 def post_agent():
     account = require_account()
     svc = service()
-    agent, secret = create_agent(svc.db, account['id'], read_agent_body(read_json_body(), svc.settings))
+    if svc.db.value('SELECT count(*) FROM agents WHERE account_id = :id', {'id': account['id']}) >= \
+            svc.settings.max_agents_per_account:      # before the body (create_agent checks again)
+        raise Conflict(f'An account may register at most {svc.settings.max_agents_per_account} agents.',
+                       code='too_many_agents')
+    agent, secret = create_agent(svc.db, account['id'], read_agent_body(read_json_body(), svc.settings),
+                                 svc.settings.max_agents_per_account)
     response.status = 201
     return {'agent': agent_json(agent, account), 'webhookSecret': secret}
 
@@ -4245,9 +4375,8 @@ def patch_agent(agent_id):
     account = require_account()
     agent_id = parse_uuid(agent_id, 'agentId')
     svc = service()
-    body = read_json_body()
-    agent = owned_agent(agent_id, account, admin_too=False)     # before the fields: no DNS look-up for strangers
-    changes = read_agent_body(body, svc.settings, partial=True)
+    agent = owned_agent(agent_id, account, admin_too=False)     # before the body: strangers' bodies are never read
+    changes = read_agent_body(read_json_body(), svc.settings, partial=True)
     for column in ('capabilities', 'pricing'):
         if column in changes:
             changes[column] = json.dumps(changes[column])
@@ -4264,8 +4393,8 @@ def patch_agent(agent_id):
 @route('POST', '/api/agents/<agent_id>/webhook-secret', limit='webhook_test')
 def post_webhook_secret(agent_id):
     account = require_account()
-    read_json_body(optional=True)
     agent = owned_agent(agent_id, account, admin_too=False)
+    read_json_body(optional=True)
     secret = new_webhook_secret()
     db = service().db
     with db.transaction():
@@ -4278,8 +4407,8 @@ def post_webhook_secret(agent_id):
 def post_stripe_onboarding(agent_id):
     """The agent's Stripe Connect onboarding (its owner only): its Express account, made once, and a fresh link."""
     account = require_account()
-    read_json_body(optional=True)
     agent = owned_agent(agent_id, account, admin_too=False)
+    read_json_body(optional=True)
     svc = service()
     if svc.stripe is None:
         raise NotFound('The stripe rail is simulated on this service: there is no Stripe account to open.',
@@ -4315,8 +4444,8 @@ def get_webhook_deliveries(agent_id):
 def post_redeliver(agent_id, delivery_id):
     account = require_account()
     agent_id, delivery_id = parse_uuid(agent_id, 'agentId'), parse_uuid(delivery_id, 'deliveryId')
-    read_json_body(optional=True)
     agent = owned_agent(agent_id, account)
+    read_json_body(optional=True)
     db = service().db
     with db.transaction():
         if not db.value('SELECT 1 FROM webhook_deliveries WHERE id = :id AND agent_id = :agent',
@@ -4767,6 +4896,7 @@ def post_delivery(job_id):
 def post_verify(job_id):
     account = require_account()
     job_id = parse_uuid(job_id, 'jobId')
+    require_requester(get_job(service().db, job_id), account)      # before the body (verify_claim checks again)
     form = Form(read_json_body())
     claim_id = form.uuid('claimId', required=True)
     approved = form.boolean('approved', required=True)
@@ -4781,9 +4911,11 @@ def post_verify(job_id):
 @route('POST', '/api/jobs/<job_id>/cancel', limit='job_action')
 def post_cancel(job_id):
     account = require_account()
-    read_json_body(optional=True)    # nothing to read, but a malformed body is still a 400
+    job_id = parse_uuid(job_id, 'jobId')
     svc = service()
-    job = cancel_job(svc.db, svc.settings, parse_uuid(job_id, 'jobId'), account)
+    require_requester(get_job(svc.db, job_id), account)         # before the body (cancel_job checks again)
+    read_json_body(optional=True)    # nothing to read, but a malformed body is still a 400
+    job = cancel_job(svc.db, svc.settings, job_id, account)
     return {'job': job_json(job, svc.settings.base_url)}
 
 
@@ -4791,18 +4923,20 @@ def post_cancel(job_id):
 def post_release(job_id, claim_id):
     account = require_account()
     job_id, claim_id = parse_uuid(job_id, 'jobId'), parse_uuid(claim_id, 'claimId')
-    read_json_body(optional=True)    # nothing to read, but a malformed body is still a 400
     svc = service()
+    require_requester(get_job(svc.db, job_id), account)         # before the body (release_claim checks again)
+    read_json_body(optional=True)    # nothing to read, but a malformed body is still a 400
     claim, job = release_claim(svc.db, job_id, claim_id, account)
     return {'claim': claim_json(claim, True), 'job': job_json(job, svc.settings.base_url)}     # the requester's
 
 
 # Stripe's events ---------------------------------------------------------------
 
-@route('POST', '/api/stripe/webhook', limit=None)
+@route('POST', '/api/stripe/webhook', limit='stripe_events')
 def post_stripe_webhook():
     """An event from Stripe, checked by its signature, applied once (STRIPE_EVENTS); 200 once its change commits.
-    Not rate-limited: a bad signature costs one HMAC and touches nothing, and Stripe's own events must not drop."""
+    Limited per IP (stripe_events, far above Stripe's pace): a bad signature costs one HMAC and touches nothing,
+    and an event refused with 429 is sent again by Stripe later."""
     svc = service()
     if svc.stripe is None:
         raise NotFound('The stripe rail is simulated on this service: it takes no Stripe events.')
@@ -4884,7 +5018,7 @@ def get_job_matches():
 @route('GET', '/api/agents/match')
 def get_agent_matches():
     query = request.query
-    limit, _ = page_params(query)
+    limit, offset = page_params(query)
     db = service().db
     job = None
     if query.get('job_id'):
@@ -4904,15 +5038,11 @@ def get_agent_matches():
         if category is None and not languages and not raw:
             raise BadRequest('Give job_id, or at least one of category, language and min_reputation.',
                              code='missing_query')
-    matches = []
-    for agent in db.rows(AGENT_SELECT + ' WHERE a.reputation >= :low', {'low': min_reputation}):
-        if job is not None and agent['account_id'] == job['requester_id']:
-            continue      # it could not claim its own account's job
-        score = agent_match_score(agent, category=category, languages=languages, job=job)
-        if score is not None:
-            matches.append(dict(agent_json(agent), matchScore=score))
-    matches.sort(key=lambda agent: (-agent['matchScore'], -float(agent['reputationScore']), agent['createdAt']))
-    return {'matches': matches[:limit], 'total': len(matches)}
+    # the job's requester's own agents are left out: they could not claim its account's job
+    page, total = match_agents(db, category=category, languages=languages, min_reputation=min_reputation, job=job,
+                               limit=limit, offset=offset)
+    return {'matches': [dict(agent_json(agent), matchScore=score) for agent, score in page], 'total': total,
+            'limit': limit, 'offset': offset}
 
 
 @route('GET', '/api/jobs/stream')
@@ -4950,6 +5080,7 @@ def require_admin(account):
 def post_dispute(job_id):
     account = require_account()
     job_id = parse_uuid(job_id, 'jobId')
+    require_requester(get_job(service().db, job_id), account)      # before the body (open_dispute checks again)
     form = Form(read_json_body())
     claim_id = form.uuid('claimId', required=True)
     reason = form.text('reason', required=True, max_len=5000)
@@ -5000,16 +5131,18 @@ def show_dispute(dispute_id):
     return dispute_detail(svc.db, parse_uuid(dispute_id, 'disputeId'), svc.settings, caller())
 
 
-@route('PATCH', '/api/disputes/<dispute_id>', limit=None)
+@route('PATCH', '/api/disputes/<dispute_id>', limit='decisions')
 def patch_dispute(dispute_id):
     account = require_account()
     dispute_id = parse_uuid(dispute_id, 'disputeId')
+    svc = service()
+    if not is_admin(account):       # before the body (resolve_dispute checks again in its transaction)
+        trusted_decider(svc.db, get_dispute(svc.db, dispute_id), account)
     form = Form(read_json_body())
     outcome = form.choice('outcome', OUTCOMES, required=True)
     resolution = form.text('resolution', required=True, max_len=5000)
     resolved_by = form.text('resolvedBy', max_len=200)
     form.done()
-    svc = service()
     dispute, job = resolve_dispute(svc.db, svc.settings, dispute_id, outcome, resolution, resolved_by, account)
     return {'dispute': dispute_json(dispute, svc.settings), 'escrowStatus': job['escrow_status'],
             'jobStatus': job['status']}
@@ -5019,6 +5152,8 @@ def patch_dispute(dispute_id):
 def post_vote(dispute_id):
     account = require_account()
     dispute_id = parse_uuid(dispute_id, 'disputeId')
+    if not service().db.value('SELECT 1 FROM arbitrators WHERE account_id = :id', {'id': account['id']}):
+        raise Forbidden('You can vote only with an arbitrator your account owns.')     # before the body
     form = Form(read_json_body())
     arbitrator_id = form.uuid('arbitratorId', required=True)
     choice = form.choice('vote', OUTCOMES, required=True)
@@ -5069,10 +5204,11 @@ def get_arbitrators():
             'total': db.value('SELECT count(*) FROM arbitrators a' + clause, params), 'limit': limit, 'offset': offset}
 
 
-@route('PATCH', '/api/arbitrators/<arbitrator_id>', limit=None)
+@route('PATCH', '/api/arbitrators/<arbitrator_id>', limit='arbitrators')
 def patch_arbitrator(arbitrator_id):
     account = require_account()
     arbitrator_id = parse_uuid(arbitrator_id, 'arbitratorId')
+    require_admin(account)
     form = Form(read_json_body())
     status = form.choice('status', ('active', 'suspended'))
     trusted = form.boolean('trusted')
@@ -5080,7 +5216,6 @@ def patch_arbitrator(arbitrator_id):
     if status is None and trusted is None:
         raise ValidationFailed('Send status, trusted or both.', fields={'status': 'status or trusted is required',
                                                                        'trusted': 'status or trusted is required'})
-    require_admin(account)
     db = service().db
     with db.transaction():
         arbitrator = get_arbitrator(db, arbitrator_id)
@@ -5095,8 +5230,8 @@ def patch_arbitrator(arbitrator_id):
 
 def run_sweep_for_admin(sweep):
     account = require_account()
-    read_json_body(optional=True)
     require_admin(account)
+    read_json_body(optional=True)
     svc = service()
     return sweep(svc.db, svc.settings)
 
@@ -5117,6 +5252,7 @@ def post_auto_verify():
 
 TEMPLATES = HERE / 'templates'
 STYLESHEET = HERE / 'static' / 'style.css'
+BOARD_SCRIPT = HERE / 'static' / 'board.js'      # a file, not inline: the pages' CSP runs no inline script
 EXPLORERS = {8453: 'https://basescan.org', 84532: 'https://sepolia.basescan.org'}     # block explorers by chain
 BOARD_SIZE = 50
 HTML_TYPE = 'text/html; charset=utf-8'
@@ -5245,6 +5381,14 @@ def stylesheet():
     response.content_type = 'text/css; charset=utf-8'
     response.set_header('Cache-Control', 'public, max-age=3600')
     return STYLESHEET.read_bytes()
+
+
+@route('GET', '/static/board.js', limit=None)
+def board_script():
+    """The board's script: new jobs from the live stream go on top."""
+    response.content_type = 'text/javascript; charset=utf-8'
+    response.set_header('Cache-Control', 'public, max-age=3600')
+    return BOARD_SCRIPT.read_bytes()
 
 
 @route('GET', '/', limit='pages')
@@ -5930,9 +6074,10 @@ API_SCHEMAS = {
     'AgentMatch': {'type': 'object', 'description': 'An agent and its match score.',
                    'required': AGENT_SCHEMA['required'] + ['matchScore'],
                    'properties': dict(AGENT_SCHEMA['properties'], matchScore=MATCH_SCORE_SCHEMA)},
-    'AgentMatches': {'type': 'object', 'required': ['matches', 'total'], 'properties': {
-        'matches': {'type': 'array', 'items': schema_ref('AgentMatch'), 'description': 'Best match first.'},
-        'total': COUNT_SCHEMA}},
+    'AgentMatches': {'type': 'object', 'required': ['matches', 'total', 'limit', 'offset'], 'properties': {
+        'matches': {'type': 'array', 'items': schema_ref('AgentMatch'), 'description': 'Best match first: a page.'},
+        'total': {**COUNT_SCHEMA, 'description': 'How many agents match in all.'},
+        'limit': {'type': 'integer', 'minimum': 1, 'maximum': 200}, 'offset': COUNT_SCHEMA}},
     'AgentCard': {'type': 'object', 'description': "An A2A agent card for one agent; `url` is the card's own address.",
                   'required': ['name', 'description', 'url', 'capabilities', 'skills', 'reputation', 'payment'],
                   'properties': {
@@ -6035,18 +6180,19 @@ API_OPERATIONS = {
         'ok': (200, 'OpenAPIDocument'), 'errors': (429,)},
     ('POST', '/api/accounts'): {
         'summary': 'Open registration: an account and its API key', 'tags': ['Accounts'],
-        'body': 'AccountCreate', 'ok': (201, 'AccountCreated'), 'errors': (400, 403, 413, 429),
+        'body': 'AccountCreate', 'ok': (201, 'AccountCreated'), 'errors': (400, 403, 413, 415, 429),
         'description': '403 `registration_closed` when the operator turned open registration off.'},
     ('PATCH', '/api/accounts/<account_id>'): {
         'summary': 'Exempt an account from x402 prices, or not (admins)', 'tags': ['Accounts'], 'auth': 'key',
-        'body': 'AccountPatch', 'ok': (200, 'AccountResult'), 'errors': (400, 401, 403, 404, 413)},
+        'body': 'AccountPatch', 'ok': (200, 'AccountResult'), 'errors': (400, 401, 403, 404, 413, 429)},
     ('POST', '/api/agents/register'): {
         'summary': 'Open registration: an account and its agent in one step', 'tags': ['Accounts', 'Agents'],
-        'body': 'AgentCreate', 'ok': (201, 'AgentRegistered'), 'errors': (400, 403, 413, 429),
+        'body': 'AgentCreate', 'ok': (201, 'AgentRegistered'), 'errors': (400, 403, 413, 415, 429),
         'description': '403 `registration_closed` when the operator turned open registration off.'},
     ('POST', '/api/agents'): {
         'summary': "Register an agent for the caller's account", 'tags': ['Agents'], 'auth': 'key',
-        'body': 'AgentCreate', 'ok': (201, 'AgentCreated'), 'errors': (400, 401, 413, 429)},
+        'body': 'AgentCreate', 'ok': (201, 'AgentCreated'), 'errors': (400, 401, 409, 413, 429),
+        'description': '409 `too_many_agents` when the account has --max-agents-per-account agents already.'},
     ('GET', '/api/agents'): {
         'summary': 'List agents', 'tags': ['Agents'], 'auth': 'optional',
         'query': [{'name': 'sort', 'schema': {'type': 'string', 'enum': list(AGENT_SORTS), 'default': 'reputation'},
@@ -6097,7 +6243,7 @@ API_OPERATIONS = {
                   {'name': 'category', 'schema': CATEGORY_SCHEMA, 'description': 'Without job_id: this category.'},
                   {'name': 'language', 'schema': {'type': 'string'}, 'description': 'Without job_id: this language.'},
                   {'name': 'min_reputation', 'schema': {'type': 'number', 'minimum': 0},
-                   'description': 'Only agents with at least this reputation.'}, LIMIT_PARAM],
+                   'description': 'Only agents with at least this reputation.'}, LIMIT_PARAM, OFFSET_PARAM],
         'ok': (200, 'AgentMatches'), 'errors': (400, 404, 429)},
     ('GET', '/api/jobs'): {
         'summary': 'List jobs', 'tags': ['Jobs'],
@@ -6109,7 +6255,7 @@ API_OPERATIONS = {
         'summary': "Stripe's events: a job paid by card opens, an unpaid one is cancelled", 'tags': ['Payments'],
         'headers': [{'name': 'Stripe-Signature', 'required': True, 'schema': {'type': 'string'},
                      'description': "Stripe's signature of the raw body with the endpoint's secret (whsec_...)."}],
-        'body': 'StripeEvent', 'ok': (200, 'StripeEventResult'), 'errors': (400, 404, 413, 503),
+        'body': 'StripeEvent', 'ok': (200, 'StripeEventResult'), 'errors': (400, 404, 413, 429, 503),
         'description': 'For Stripe only, in stripe mode (404 otherwise); no API key and no rate limit. 400 '
                        '`invalid_signature` when the signature is missing, wrong or over 300 s old: nothing changes. '
                        'Each event applies once by its id, in any order; 200 after its change commits (also for a '
@@ -6200,6 +6346,9 @@ API_OPERATIONS = {
     ('GET', '/static/style.css'): {
         'summary': "The pages' stylesheet", 'tags': ['Pages'], 'ok': (200, None), 'media': ['text/css'],
         'errors': ()},
+    ('GET', '/static/board.js'): {
+        'summary': "The board's script (new jobs from the live stream)", 'tags': ['Pages'], 'ok': (200, None),
+        'media': ['text/javascript'], 'errors': ()},
     ('POST', '/api/jobs/<job_id>/claim'): {
         'summary': 'Claim a job for an agent the caller owns', 'tags': ['Jobs'], 'auth': 'key',
         'body': 'ClaimCreate', 'body_optional': True, 'ok': (201, 'ClaimResult'),
@@ -6251,7 +6400,7 @@ API_OPERATIONS = {
         'ok': (200, 'DisputeDetail'), 'errors': (400, 404, 429)},
     ('PATCH', '/api/disputes/<dispute_id>'): {
         'summary': 'Decide a dispute for the worker or the requester', 'tags': ['Disputes'], 'auth': 'key',
-        'body': 'DisputeResolve', 'ok': (200, 'DisputeResolved'), 'errors': (400, 401, 403, 404, 409, 413, 503),
+        'body': 'DisputeResolve', 'ok': (200, 'DisputeResolved'), 'errors': (400, 401, 403, 404, 409, 413, 429, 503),
         'description': 'An admin, or the owner of a trusted, active arbitrator not linked to a party (403 '
                        '`conflict_of_interest` when linked, `forbidden` otherwise); resolvedBy counts only from '
                        "an admin, else it is the arbitrator's name. 409 `dispute_resolved` once decided."},
@@ -6277,7 +6426,7 @@ API_OPERATIONS = {
         'ok': (200, 'ArbitratorList'), 'errors': (400, 429)},
     ('PATCH', '/api/arbitrators/<arbitrator_id>'): {
         'summary': 'Activate, suspend or trust an arbitrator (admins)', 'tags': ['Arbitration'], 'auth': 'key',
-        'body': 'ArbitratorPatch', 'ok': (200, 'ArbitratorResult'), 'errors': (400, 401, 403, 404, 413)},
+        'body': 'ArbitratorPatch', 'ok': (200, 'ArbitratorResult'), 'errors': (400, 401, 403, 404, 413, 429)},
     ('POST', '/api/jobs/expire'): {
         'summary': 'Expire overdue jobs and refund their escrow (admins)', 'tags': ['Sweeps'], 'auth': 'key',
         'body': 'EmptyBody', 'body_optional': True, 'ok': (200, 'ExpireResult'), 'errors': (400, 401, 403, 413, 429),
@@ -6322,6 +6471,7 @@ ERROR_RESPONSES = {
           ('Retry-After',)),
     409: ('Conflict', 'The resource is not in a state that allows this.', ()),
     413: ('BodyTooLarge', 'The request body is over 1 MiB.', ()),
+    415: ('UnsupportedMediaType', 'The body is not declared Content-Type: application/json.', ()),
     503: ('Unavailable', 'The blockchain node (or the database) cannot answer now; retry later.', ('Retry-After',)),
     429: ('RateLimited', 'Too many requests from this IP in this hour (admin keys are exempt).',
           ('Retry-After', 'X-RateLimit-Limit', 'X-RateLimit-Remaining', 'X-RateLimit-Reset')),
@@ -6538,6 +6688,31 @@ class Service:
         self.db.close()
 
 
+# Every answer is read as the type it declares; pages run only this origin's scripts and styles, post forms only
+# here, and are framed by nobody.
+PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
+            "base-uri 'none'; form-action 'self'")
+
+
+def security_headers(headers):
+    """An answer's headers with X-Content-Type-Options: nosniff, and for a page its Content-Security-Policy."""
+    headers = [(name, value) for name, value in headers if name.lower() != 'x-content-type-options']
+    headers.append(('X-Content-Type-Options', 'nosniff'))
+    if any(name.lower() == 'content-type' and value.startswith('text/html') for name, value in headers):
+        headers.append(('Content-Security-Policy', PAGE_CSP))
+    return headers
+
+
+def close_unread_body():
+    """Close the connection after this answer when more than DRAIN_LIMIT bytes of its body were never read."""
+    if request.method in ('GET', 'HEAD') or request.environ.get(BODY_READ):
+        return
+    length = request.content_length
+    if length > DRAIN_LIMIT or (length < 0 and request.environ.get('HTTP_TRANSFER_ENCODING')):
+        request.environ[UNREAD_BODY] = True
+        response.set_header('Connection', 'close')
+
+
 def make_app(settings):
     """The WSGI app for these settings: routes, JSON errors and rate limits; no side effect on import."""
     app = bottle.Bottle(catchall=True)
@@ -6578,6 +6753,7 @@ def make_app(settings):
                 else:
                     result = handler(**params)
             except APIError as error:
+                close_unread_body()
                 return send_error(error)
             except VerificationError as error:
                 return send_error(payment_error(error))
@@ -6587,6 +6763,7 @@ def make_app(settings):
                                               headers={'Retry-After': '1'}))
             if request.method != 'GET' and settings.onchain:
                 app.service.broadcast_payouts()
+            close_unread_body()
             if before is not None:
                 app.service.send_stripe_payouts(before)
             if isinstance(result, dict):
@@ -6615,6 +6792,14 @@ def make_app(settings):
                            'status': error.status_code})
 
     app.default_error_handler = error_page
+    bottle_wsgi = app.wsgi
+
+    def wsgi_with_security_headers(environ, start_response):
+        def start(status, headers, exc_info=None):
+            return start_response(status, security_headers(headers), exc_info)
+        return bottle_wsgi(environ, start)
+
+    app.wsgi = wsgi_with_security_headers       # every answer: API, pages, errors, static files, the feed
     return app
 
 
@@ -6632,7 +6817,10 @@ def call_app(app, method, path, body=None, key=None, headers=None):
     if key:
         environ['HTTP_AUTHORIZATION'] = f'Bearer {key}'
     for name, value in (headers or {}).items():
-        environ['HTTP_' + name.upper().replace('-', '_')] = value
+        if name.lower() == 'content-type':
+            environ['CONTENT_TYPE'] = value
+        else:
+            environ['HTTP_' + name.upper().replace('-', '_')] = value
     outcome = {}
 
     def start_response(status, response_headers, exc_info=None):
@@ -6916,6 +7104,11 @@ def make_server(app, settings):
             if self.server.stopping:
                 self.close_connection = True
             return super().handle_one_response()
+
+        def run_application(self):
+            super().run_application()
+            if self.close_connection and self.environ.get(UNREAD_BODY):
+                self.wsgi_input._discard = lambda: None     # closed undrained: a refused body is never read
 
         def handle_one_request(self):
             result = super().handle_one_request()

@@ -195,7 +195,7 @@ def agent_matches(client, query, key=None):
     answer = client.get('/api/agents/match?' + query, key=key)
     assert answer.status == 200, answer
     body = answer.json
-    assert set(body) == {'matches', 'total'}, body
+    assert set(body) == {'matches', 'total', 'limit', 'offset'}, body
     for agent in body['matches']:
         assert set(agent) == AGENT_FIELDS | {'matchScore'}, agent
         assert 'webhookUrl' not in agent

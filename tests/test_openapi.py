@@ -275,6 +275,7 @@ def test_a_whole_marketplace_answers_as_documented(client, check, receiver):
     check(client.get(f'/disputes/{dispute["id"]}'), 'GET', '/disputes/<dispute_id>', 200)
     check(client.get('/arbitrators'), 'GET', '/arbitrators', 200)
     check(client.get('/static/style.css'), 'GET', '/static/style.css', 200)
+    check(client.get('/static/board.js'), 'GET', '/static/board.js', 200)
     answer = check(client.get('/api/x402'), 'GET', '/api/x402', 200)
     assert answer.json == {'x402Version': 1, 'enabled': False, 'endpoints': []}
     answer = check(client.post('/api/x402', headers={'X-PAYMENT': 'e30='}), 'POST', '/api/x402', 404)

@@ -226,7 +226,7 @@ def test_a_priced_call_without_key_or_payment_gets_the_x402_402(client):
 
 
 def test_unpriced_endpoints_answer_as_before(client):
-    assert client.get('/api/agents/match?category=code').json == {'matches': [], 'total': 0}
+    assert client.get('/api/agents/match?category=code').json == {'matches': [], 'total': 0, 'limit': 50, 'offset': 0}
     assert client.get('/api/jobs/search?q=python').status == 200
     assert client.get('/api/jobs').json['total'] == 0
     assert_error(client.post('/api/jobs', job_body()), 401, 'unauthorized')
