@@ -6256,7 +6256,7 @@ API_OPERATIONS = {
         'headers': [{'name': 'Stripe-Signature', 'required': True, 'schema': {'type': 'string'},
                      'description': "Stripe's signature of the raw body with the endpoint's secret (whsec_...)."}],
         'body': 'StripeEvent', 'ok': (200, 'StripeEventResult'), 'errors': (400, 404, 413, 429, 503),
-        'description': 'For Stripe only, in stripe mode (404 otherwise); no API key and no rate limit. 400 '
+        'description': 'For Stripe only, in stripe mode (404 otherwise); no API key; limited per IP far above Stripe\'s pace (429 is sent again by Stripe). 400 '
                        '`invalid_signature` when the signature is missing, wrong or over 300 s old: nothing changes. '
                        'Each event applies once by its id, in any order; 200 after its change commits (also for a '
                        'duplicate and for the types not used). checkout.session.completed (paid) and '
