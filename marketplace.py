@@ -491,6 +491,12 @@ MIGRATIONS = {
                 ALTER TABLE agents ADD COLUMN stripe_account_id TEXT;
                 ALTER TABLE agents ADD COLUMN stripe_payouts_enabled INTEGER NOT NULL DEFAULT 0;''')),
     },
+    6: {        # webhooks under abuse (CONTRACT 19): failures in a row and the pause on agents; schema.sql adds
+                # webhook_events (the fan-out outbox) and the index of pending deliveries by agent
+        'before': '''
+            ALTER TABLE agents ADD COLUMN webhook_failures INTEGER NOT NULL DEFAULT 0;
+            ALTER TABLE agents ADD COLUMN webhook_paused_at TEXT;''',
+    },
 }
 
 
@@ -1700,6 +1706,9 @@ def reputation_json(event):
 # Webhook events: the outbox ##################################################
 ###############################################################################
 
+FAN_OUT_BATCH = 200         # agents examined per fan-out transaction (a few milliseconds of the database)
+
+
 def webhook_agents(db, where, params):
     """Agents with a live webhook (a URL, not disabled by a 410) among those `where` selects."""
     return db.rows(f'''SELECT a.* FROM agents a WHERE a.webhook_url IS NOT NULL
@@ -1712,23 +1721,32 @@ def claim_holders(db, job_id):
         db, 'a.id IN (SELECT agent_id FROM claims WHERE job_id = :job)', {'job': job_id})]
 
 
-def agents_wanting(db, job):
-    """The ids of the agents a new job suits (CONTRACT.md 11): its category among theirs (none listed: all),
-    its pay within their maxJobValue, its currency accepted; never the requester's own agents."""
-    wanted = []
-    for agent in webhook_agents(db, 'a.account_id != :requester', {'requester': job['requester_id']}):
-        capabilities, pricing = json.loads(agent['capabilities']), json.loads(agent['pricing'])
-        categories, ceiling = capabilities.get('categories'), capabilities.get('maxJobValue')
-        currencies = pricing.get('acceptedCurrencies')
-        if ((not categories or job['category'] in categories)
-                and (ceiling is None or job['amount_cents'] <= Decimal(str(ceiling)) * 100)
-                and (not currencies or job['currency'] in currencies)):
-            wanted.append(agent['id'])
-    return wanted
+def agent_wants(agent, job):
+    """Does a new job suit an agent (CONTRACT.md 11)? Its category among theirs (none listed: all), its pay within
+    their maxJobValue, its currency accepted."""
+    capabilities, pricing = json.loads(agent['capabilities']), json.loads(agent['pricing'])
+    categories, ceiling = capabilities.get('categories'), capabilities.get('maxJobValue')
+    currencies = pricing.get('acceptedCurrencies')
+    return ((not categories or job['category'] in categories)
+            and (ceiling is None or job['amount_cents'] <= Decimal(str(ceiling)) * 100)
+            and (not currencies or job['currency'] in currencies))
 
 
-def queue_event(db, settings, event, job_id, recipients, *, agent_id=None, amount=None, tx_hash=None):
-    """Write the event for each recipient agent into the outbox, inside the caller's transaction.
+def agents_wanting(db, job, *, after='', registered_by=None, limit=-1):
+    """The agents a new job suits, never the requester's own, in id order after `after` (registered at or before
+    `registered_by`, at most `limit` examined): (their ids, the last id examined or None when none was left)."""
+    examined = webhook_agents(db, '''a.account_id != :requester AND a.id > :after
+                                     AND (:registered_by IS NULL OR a.created_at <= :registered_by)
+                                     ORDER BY a.id LIMIT :limit''',
+                              {'requester': job['requester_id'], 'after': after, 'registered_by': registered_by,
+                               'limit': limit})
+    return ([agent['id'] for agent in examined if agent_wants(agent, job)],
+            examined[-1]['id'] if examined else None)
+
+
+def queue_event(db, settings, event, job_id, recipients=None, *, agent_id=None, amount=None, tx_hash=None):
+    """Write one event into the outbox, inside the caller's transaction: its body now (the job's status after the
+    change), its recipients later (fan_out_events). `recipients` are agent ids; None: the agents the job suits.
 
     The body is SPEC.md's: {type, timestamp, data: {jobId, title, category, amount, currency, agentId,
     status (the job's, after the change), txHash, jobUrl}}; agentId is the agent the event is about,
@@ -1736,16 +1754,68 @@ def queue_event(db, settings, event, job_id, recipients, *, agent_id=None, amoun
     """
     job = db.row('SELECT * FROM jobs WHERE id = :id', {'id': job_id})
     moment = now_iso()
+    body = {'type': event, 'timestamp': moment, 'data': {
+        'jobId': job['id'], 'title': job['title'], 'category': job['category'],
+        'amount': amount or format_cents(job['amount_cents']), 'currency': job['currency'],
+        'agentId': agent_id, 'status': job['status'], 'txHash': tx_hash,
+        'jobUrl': f'{settings.base_url}/jobs/{job["id"]}'}}
+    if recipients is not None and not recipients:
+        return
+    db.insert('webhook_events', {
+        'event': event, 'job_id': job_id, 'payload': json.dumps(body), 'created_at': moment,
+        'recipients': None if recipients is None else json.dumps(list(recipients))})
+
+
+def add_deliveries(db, event, recipients):
+    """One pending delivery per recipient of an outbox event, due at the event's time (inside a transaction); a
+    paused agent's waits for its resumption (next_attempt_at null)."""
+    body = json.loads(event['payload'])
     for recipient in recipients:
-        body = {'type': event, 'timestamp': moment, 'data': {
-            'jobId': job['id'], 'title': job['title'], 'category': job['category'],
-            'amount': amount or format_cents(job['amount_cents']), 'currency': job['currency'],
-            'agentId': agent_id or recipient, 'status': job['status'], 'txHash': tx_hash,
-            'jobUrl': f'{settings.base_url}/jobs/{job["id"]}'}}
+        paused = db.value('SELECT webhook_paused_at IS NOT NULL FROM agents WHERE id = :id', {'id': recipient})
+        addressed = dict(body, data=dict(body['data'], agentId=body['data']['agentId'] or recipient))
         db.insert('webhook_deliveries', {
-            'id': new_id(), 'agent_id': recipient, 'event': event, 'payload': json.dumps(body),
+            'id': new_id(), 'agent_id': recipient, 'event': event['event'], 'payload': json.dumps(addressed),
             'status': 'pending', 'attempts': 0, 'last_status_code': None, 'last_error': None,
-            'next_attempt_at': moment, 'created_at': moment, 'updated_at': moment, 'delivered_at': None})
+            'next_attempt_at': None if paused else event['created_at'], 'created_at': event['created_at'],
+            'updated_at': now_iso(), 'delivered_at': None})
+
+
+def fan_out_step(db, batch=FAN_OUT_BATCH):
+    """Expand the oldest outbox event by one batch of agents, in one transaction with its progress (so each
+    recipient gets its delivery exactly once, crash or not); False when no event is left."""
+    if not db.value('SELECT 1 FROM webhook_events WHERE expanded_at IS NULL LIMIT 1'):
+        return False                # most requests queue nothing: no write transaction for them
+    with db.transaction():
+        event = db.row('SELECT * FROM webhook_events WHERE expanded_at IS NULL ORDER BY seq LIMIT 1')
+        if event is None:
+            return False
+        done = True
+        if event['recipients'] is not None:
+            add_deliveries(db, event, json.loads(event['recipients']))
+        else:
+            job = db.row('SELECT * FROM jobs WHERE id = :id', {'id': event['job_id']})
+            wanting, last = agents_wanting(db, job, after=event['expanded_through'],
+                                           registered_by=event['created_at'], limit=batch)
+            add_deliveries(db, event, wanting)
+            done = last is None
+            if last is not None:
+                db.execute('UPDATE webhook_events SET expanded_through = :last WHERE seq = :seq',
+                           {'last': last, 'seq': event['seq']})
+        if done:
+            db.execute('UPDATE webhook_events SET expanded_at = :now WHERE seq = :seq',
+                       {'now': now_iso(), 'seq': event['seq']})
+    return True
+
+
+def fan_out_events(db, pause=None, batch=FAN_OUT_BATCH):
+    """Expand every outbox event into its deliveries, batch by batch, calling `pause` between batches (the
+    server yields to other greenlets there); the number of batches run."""
+    steps = 0
+    while fan_out_step(db, batch):
+        steps += 1
+        if pause:
+            pause()
+    return steps
 
 
 ###############################################################################
@@ -1825,7 +1895,7 @@ def create_job(db, settings, fields, funding=None, checkout=None):
                                         'job_id': job['id'], 'created_at': moment})
         if not checkout:
             lock_escrow(db, job, funding)
-            queue_event(db, settings, 'job.new', job['id'], agents_wanting(db, job))
+            queue_event(db, settings, 'job.new', job['id'])
     return get_job(db, job['id'])
 
 
@@ -2629,7 +2699,7 @@ def open_paid_job(db, settings, job, session):
                {'intent': session['payment_intent'], 'charge': session.get('charge'), 'now': now_iso(),
                 'id': job['id']})
     lock_escrow(db, job, payment_intent=session['payment_intent'])
-    queue_event(db, settings, 'job.new', job['id'], agents_wanting(db, job))
+    queue_event(db, settings, 'job.new', job['id'])
 
 
 def settle_checkout(db, settings, session, outcome, event=None):
@@ -2942,7 +3012,7 @@ def auto_verify_deliveries(db, settings):
     return result
 
 
-def run_sweeps(db, settings):
+def run_sweeps(db, settings, fan_out=True):
     """Both sweeps once (expiry first, so that an overdue job with nothing delivered cannot be approved);
     on chain, then send the new payouts and confirm the pending ones; in stripe mode, then settle the Checkout
     Sessions of jobs still pending_payment (reconcile_checkouts: their `opened` jobs are the caller's to publish)."""
@@ -2953,6 +3023,8 @@ def run_sweeps(db, settings):
     if settings.stripe:
         result['checkouts'] = reconcile_checkouts(db, settings)
         result['stripePayments'] = send_stripe_payments(db, settings)
+    if fan_out:             # the server's fan-out greenlet does it there
+        fan_out_events(db)  # the events of this sweep, and any a stopped server left unexpanded
     return result
 
 
@@ -6377,6 +6449,7 @@ class Service:
         self.webhooks = webhook_session(settings.allow_private_webhooks)
         self.openapi = openapi_document(settings.base_url, settings.x402_price)   # fails on an undocumented route
         self.background = False     # True under the server: network work then runs in its own greenlet
+        self.fan_out_wanted = None  # under the server: the gevent Event that wakes the fan-out greenlet
         try:
             if settings.rpc_url:
                 settings.onchain = OnChain(settings)
@@ -6406,6 +6479,14 @@ class Service:
             send_stripe_payments(self.db, self.settings, after_seq)
         except Exception:
             log.exception('sending the payments through Stripe failed; the sweep sends them')
+
+    def fan_out(self):
+        """Expand the outbox events just committed into deliveries: under the server by waking its fan-out
+        greenlet (the answer does not wait), in-process at once."""
+        if self.fan_out_wanted is not None:
+            self.fan_out_wanted.set()
+        else:
+            fan_out_events(self.db)
 
     def close(self):
         self.db.close()
@@ -6458,6 +6539,8 @@ def make_app(settings):
                 log.warning('database busy: %s %s', request.method, request.path)
                 return send_error(Unavailable('The database is busy; retry in a moment.',
                                               headers={'Retry-After': '1'}))
+            if request.method != 'GET':
+                app.service.fan_out()
             if request.method != 'GET' and settings.onchain:
                 app.service.broadcast_payouts()
             if before is not None:
@@ -6598,7 +6681,8 @@ def sweep_forever(service):
     while True:
         gevent.sleep(service.settings.sweep_interval)
         try:
-            result = run_sweeps(service.db, service.settings)
+            result = run_sweeps(service.db, service.settings, fan_out=False)
+            service.fan_out()
             for job_id in result.get('checkouts', {}).get('opened', ()):
                 service.hub.publish(get_job(service.db, job_id))        # paid, and its event never came
         except Exception:
@@ -6609,6 +6693,22 @@ def sweep_forever(service):
                 or checkouts.get('opened') or checkouts.get('cancelled')
                 or result.get('stripePayments', {}).get('sent')):
             log.info('sweep: %s', json.dumps(result))
+
+
+def fan_out_forever(service):
+    """Expand the outbox events into deliveries whenever a request wakes it (and every second, for events that
+    another process or the sweep command wrote), yielding between batches so that requests are not held."""
+    import gevent
+    import gevent.event
+    service.fan_out_wanted = gevent.event.Event()
+    while True:
+        service.fan_out_wanted.wait(timeout=1.0)
+        service.fan_out_wanted.clear()
+        try:
+            fan_out_events(service.db, pause=lambda: gevent.sleep(0))
+        except Exception:
+            log.exception('webhook fan-out failed; trying again')
+            gevent.sleep(1)
 
 
 PROTOCOL_ERRORS = {
@@ -6707,6 +6807,7 @@ def serve(settings):
     gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)
     server.start()
     sweeper = gevent.spawn(sweep_forever, app.service)
+    fan_out = gevent.spawn(fan_out_forever, app.service)
     webhooks = WebhookWorker(app.service)
     deliverer = gevent.spawn(webhooks.run)
     payments = (f'payments onchain, chain {settings.chain_id}, escrow {settings.onchain.escrow_address}'
@@ -6718,6 +6819,7 @@ def serve(settings):
              __version__, settings.host, server.server_port, settings.db, payments)
     server.serve_forever(stop_timeout=settings.shutdown_timeout)
     sweeper.kill()
+    fan_out.kill()
     deliverer.kill()
     webhooks.stop()
     app.service.close()
