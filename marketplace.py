@@ -239,6 +239,8 @@ SETTINGS = [
     Setting('webhook_retry_base', 60.0, parse_positive(float),
             'seconds before the first webhook retry; each next wait is 3 times longer (8 attempts, ~18 h)'),
     Setting('webhook_timeout', 10.0, parse_positive(float), 'seconds one webhook attempt may take'),
+    Setting('webhook_concurrency', 200, parse_positive(int),
+            'webhook deliveries in flight at once (at most 4 per agent, 8 per account, half to failing receivers)'),
     Setting('allow_private_webhooks', False, parse_bool,
             'allow webhook URLs on loopback and private networks (tests and local demos only)'),
     Setting('rpc_url', '', str, 'JSON-RPC URL of a Base node: turns on onchain payments for rail base'),
@@ -1693,7 +1695,18 @@ def agent_json(agent, viewer=None):
         shown['webhookUrl'] = agent['webhook_url']
         shown['webhookFormat'] = agent['webhook_format']
         shown['webhookEnabled'] = agent['webhook_url'] is not None and agent['webhook_disabled_at'] is None
+        shown['webhookStatus'] = webhook_status(agent)
     return shown
+
+
+def webhook_status(agent):
+    """null without a URL; "disabled" after a 410 (until the URL is set again); "paused" after 10 failed attempts in
+    a row (until a PATCH sets the URL or a test succeeds); else "active"."""
+    if agent['webhook_url'] is None:
+        return None
+    if agent['webhook_disabled_at']:
+        return 'disabled'
+    return 'paused' if agent['webhook_paused_at'] else 'active'
 
 
 def reputation_json(event):
@@ -3315,41 +3328,80 @@ EVENT_HEADLINES = {
 
 
 class BlockedAddress(OSError):
-    """A webhook connection reached an address that webhooks may not reach."""
+    """A webhook URL's host resolves to an address that webhooks may not reach."""
+
+
+WEBHOOK_UNREACHABLE = 'no HTTP answer (could not connect, or no answer in time)'
+WEBHOOK_PAUSE_AFTER = 10        # failed attempts in a row that pause a receiver
+
+
+def pinned_address(url, allow_private):
+    """Resolve a webhook URL's host once and check every address it has (unless `allow_private`): the
+    (family, sockaddr) to connect to, the first one. BlockedAddress if any is not public. Network I/O."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == 'https' else 80)
+    found = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    if not allow_private and not all(is_public_address(info[4][0]) for info in found):
+        raise BlockedAddress(f'{parts.hostname} resolves to an address webhooks may not reach')
+    family, _, _, _, sockaddr = found[0]
+    return family, sockaddr
+
+
+def pinned(connection_class):
+    """An urllib3 connection class that connects to the `address` it is given, never resolving its host again;
+    the host name still goes into the Host header, the TLS SNI and the certificate check."""
+    class Pinned(connection_class):
+        address = None          # (family, sockaddr) from pinned_address
+
+        def _new_conn(self):
+            family, sockaddr = self.address
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(self.timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.connect(sockaddr)
+            except BaseException:
+                sock.close()
+                raise
+            return sock
+    return Pinned
+
+
+PinnedHTTP = pinned(urllib3.connection.HTTPConnection)
+PinnedHTTPS = pinned(urllib3.connection.HTTPSConnection)
+
+
+class WebhookClient:
+    """POSTs webhooks: resolves each URL's host once, checks every address (unless private ones are allowed),
+    connects to the address checked (so DNS rebinding between the check and the connection cannot help), never
+    follows redirects and never reads a proxy from the environment."""
+
+    def __init__(self, allow_private):
+        self.allow_private = allow_private
+
+    def post(self, url, body, headers, timeout):
+        """(status code, Retry-After header) of one POST; any failure without an HTTP answer raises."""
+        parts = urlsplit(url)
+        address = pinned_address(url, self.allow_private)
+        if parts.scheme == 'https':
+            import certifi
+            connection = PinnedHTTPS(parts.hostname, parts.port or 443, timeout=timeout,
+                                     cert_reqs='CERT_REQUIRED', ca_certs=certifi.where())
+        else:
+            connection = PinnedHTTP(parts.hostname, parts.port or 80, timeout=timeout)
+        connection.address = address
+        try:
+            connection.request('POST', (parts.path or '/') + (f'?{parts.query}' if parts.query else ''),
+                               body=body, headers=headers, preload_content=False)
+            answer = connection.getresponse()       # the receiver's body is never read
+            return answer.status, answer.headers.get('Retry-After')
+        finally:
+            connection.close()
 
 
 def webhook_session(allow_private):
-    """A requests session for webhooks: the address actually connected to is checked (so DNS tricks between
-    the check and the connection do not help), and redirects are never followed (callers pass
-    allow_redirects=False)."""
-
-    def checked(connection_class):
-        class Checked(connection_class):
-            def _new_conn(self):
-                sock = super()._new_conn()
-                if not allow_private and not is_public_address(sock.getpeername()[0]):
-                    sock.close()
-                    raise BlockedAddress(f'{self.host} resolves to a loopback, private, link-local or '
-                                         'multicast address, which webhooks may not reach')
-                return sock
-        return Checked
-
-    class HTTPPool(urllib3.HTTPConnectionPool):
-        ConnectionCls = checked(urllib3.connection.HTTPConnection)
-
-    class HTTPSPool(urllib3.HTTPSConnectionPool):
-        ConnectionCls = checked(urllib3.connection.HTTPSConnection)
-
-    class Adapter(requests.adapters.HTTPAdapter):
-        def init_poolmanager(self, *args, **kwargs):
-            super().init_poolmanager(*args, **kwargs)
-            self.poolmanager.pool_classes_by_scheme = {'http': HTTPPool, 'https': HTTPSPool}
-
-    session = requests.Session()
-    session.trust_env = False        # no proxies from the environment: the address checked is the one reached
-    for scheme in ('http://', 'https://'):
-        session.mount(scheme, Adapter(pool_connections=20, pool_maxsize=20, max_retries=0))
-    return session
+    """The client that sends every webhook of a service (see WebhookClient)."""
+    return WebhookClient(allow_private)
 
 
 def signature_headers(secret, delivery_id, event, body, moment):
@@ -3374,6 +3426,15 @@ def signature_headers(secret, delivery_id, event, body, moment):
     }
 
 
+DISCORD_MARKUP = re.compile(r'([\\*_~`|><\[\]()#-])')
+
+
+def discord_text(text):
+    """Text from users shown as itself in Discord: its markdown escaped (no masked link, no heading), and a zero-width
+    space after every @ (no mention; allowed_mentions also pings nobody)."""
+    return DISCORD_MARKUP.sub(r'\\\1', text).replace('@', '@\u200b')
+
+
 def chat_message(body, webhook_format):
     """The event as the chat tool's own message body (Slack, Discord, Telegram), or the JSON body as is."""
     if webhook_format == 'json':
@@ -3392,10 +3453,13 @@ def chat_message(body, webhook_format):
         return {'text': f'{headline}: {escape(title)} ({escape(terms)})' + (f' {url}' if url else ''),
                 'blocks': [{'type': 'section', 'text': {'type': 'mrkdwn', 'text': f'*{headline}*: {link}\n{escape(terms)}'}}]}
     if webhook_format == 'discord':
+        if body['type'] != 'webhook.test':
+            title = discord_text(title)
+            terms = f'{data["amount"]} {data["currency"]} · {discord_text(data["category"])} · {data["status"]}'
         embed = {'title': title[:256], 'description': f'{headline} · {terms}'[:4096]}
         if url:
             embed['url'] = url
-        return {'content': f'{headline}: {title}'[:2000], 'embeds': [embed]}
+        return {'content': f'{headline}: {title}'[:2000], 'embeds': [embed], 'allowed_mentions': {'parse': []}}
     link = f'<a href="{html.escape(url)}">{html.escape(title)}</a>' if url else html.escape(title)
     return {'text': f'<b>{html.escape(headline)}</b>: {link}\n{html.escape(terms)}', 'parse_mode': 'HTML',
             'disable_web_page_preview': True}
@@ -3419,7 +3483,9 @@ def retry_after_seconds(header):
 def send_webhook(session, settings, agent, delivery_id, event, body):
     """POST one event to an agent's webhook; return {statusCode, error, retryAfter, responseTime (ms)}.
 
-    Network I/O: never call it inside a transaction.
+    Every failure without an HTTP answer (a blocked address, a refused or failed connection, TLS, a time-out)
+    reports the same error, so that the owner of a webhook cannot probe the network behind the service; the
+    log keeps the reason. Network I/O: never call it inside a transaction.
     """
     raw = json.dumps(chat_message(body, agent['webhook_format']), separators=(',', ':')).encode('utf-8')
     headers = signature_headers(agent['webhook_secret'], delivery_id, event, raw, now())
@@ -3431,31 +3497,59 @@ def send_webhook(session, settings, agent, delivery_id, event, body):
     else:
         try:
             with gevent.Timeout(settings.webhook_timeout, TimeoutError):
-                answer = session.post(agent['webhook_url'], data=raw, headers=headers, allow_redirects=False,
-                                      timeout=settings.webhook_timeout, stream=True)
-                answer.close()           # the receiver's body is not needed
-            outcome['statusCode'] = answer.status_code
-            outcome['retryAfter'] = retry_after_seconds(answer.headers.get('Retry-After'))
-            if not 200 <= answer.status_code < 300:
-                outcome['error'] = f'the receiver answered {answer.status_code}'
-        except requests.exceptions.ConnectionError as exc:
-            outcome['error'] = ('blocked: the address is loopback, private, link-local or multicast'
-                                if 'may not reach' in str(exc) else 'could not connect')
-        except (requests.exceptions.Timeout, TimeoutError):
-            outcome['error'] = f'no answer within {settings.webhook_timeout:g} s'
-        except (requests.exceptions.RequestException, OSError) as exc:
-            outcome['error'] = f'{type(exc).__name__}: {str(exc)[:200]}'
+                status, retry_after = session.post(agent['webhook_url'], raw, headers, settings.webhook_timeout)
+            outcome['statusCode'] = status
+            outcome['retryAfter'] = retry_after_seconds(retry_after)
+            if not 200 <= status < 300:
+                outcome['error'] = f'the receiver answered {status}'
+        except Exception as exc:        # OSError, TLS, urllib3 and http.client errors, the time-out
+            log.info('webhook %s to agent %s: %s: %s', delivery_id, agent.get('id'), type(exc).__name__,
+                     str(exc)[:200])
+            outcome['error'] = WEBHOOK_UNREACHABLE
     outcome['responseTime'] = round((time.monotonic() - started) * 1000, 1)
     return outcome
 
 
+def resume_webhook(db, agent_id):
+    """Resume a paused receiver (inside a transaction): its failure count back to 0, its held deliveries due."""
+    moment = now_iso()
+    db.execute('''UPDATE agents SET webhook_failures = 0, webhook_paused_at = NULL, updated_at = :now
+                  WHERE id = :id''', {'now': moment, 'id': agent_id})
+    db.execute('''UPDATE webhook_deliveries SET next_attempt_at = :now, updated_at = :now
+                  WHERE agent_id = :id AND status = 'pending' AND next_attempt_at IS NULL''',
+               {'now': moment, 'id': agent_id})
+
+
+def count_webhook_attempt(db, agent_id, succeeded):
+    """Record an attempt's outcome on its agent (inside a transaction): a success resets the failures in a row;
+    the 10th failure in a row pauses the receiver and holds its pending deliveries (next_attempt_at null)."""
+    if succeeded:
+        db.execute('UPDATE agents SET webhook_failures = 0 WHERE id = :id', {'id': agent_id})
+        return
+    db.execute('UPDATE agents SET webhook_failures = webhook_failures + 1 WHERE id = :id', {'id': agent_id})
+    if db.value('''SELECT webhook_failures >= :limit AND webhook_paused_at IS NULL FROM agents WHERE id = :id''',
+                {'limit': WEBHOOK_PAUSE_AFTER, 'id': agent_id}):
+        moment = now_iso()
+        db.execute('UPDATE agents SET webhook_paused_at = :now, updated_at = :now WHERE id = :id',
+                   {'now': moment, 'id': agent_id})
+        db.execute('''UPDATE webhook_deliveries SET next_attempt_at = NULL, updated_at = :now
+                      WHERE agent_id = :id AND status = 'pending' ''', {'now': moment, 'id': agent_id})
+        log.info('webhook of agent %s paused after %s failures in a row', agent_id, WEBHOOK_PAUSE_AFTER)
+
+
 def deliver_webhook(db, settings, session, delivery_id):
     """One attempt at a pending delivery, then its new state in one transaction: delivered, failed (410, the
-    last attempt, or a webhook gone), or pending again after a backoff with jitter (or Retry-After)."""
+    last attempt, or a webhook gone), or pending again after a backoff with jitter (or Retry-After). A paused
+    receiver's delivery is not attempted: it waits (next_attempt_at null) for the receiver to be resumed."""
     row = db.row("SELECT * FROM webhook_deliveries WHERE id = :id AND status = 'pending'", {'id': delivery_id})
     if row is None:
         return None
     agent = db.row('SELECT * FROM agents WHERE id = :id', {'id': row['agent_id']})
+    if agent['webhook_paused_at'] and agent['webhook_url'] and not agent['webhook_disabled_at']:
+        with db.transaction():
+            db.execute('''UPDATE webhook_deliveries SET next_attempt_at = NULL WHERE id = :id
+                          AND status = 'pending' ''', {'id': delivery_id})
+        return 'pending'
     if agent['webhook_url'] is None or agent['webhook_disabled_at']:
         outcome = {'statusCode': None, 'error': 'the agent has no live webhook'}
     else:
@@ -3482,20 +3576,28 @@ def deliver_webhook(db, settings, session, delivery_id):
                       last_status_code = :last_status_code, last_error = :last_error,
                       next_attempt_at = :next_attempt_at, delivered_at = :delivered_at, updated_at = :now
                       WHERE id = :id''', dict(changes, now=now_iso(), id=delivery_id))
+        if outcome['error'] != 'the agent has no live webhook':
+            count_webhook_attempt(db, agent['id'], changes['status'] == 'delivered')
     return changes['status']
 
 
 class WebhookWorker:
-    """Delivers the outbox: every quarter second it starts the due deliveries, at most 20 at a time and 4 per
-    agent, each in its own greenlet, so a slow receiver delays only its own deliveries."""
+    """Delivers the outbox fairly: every quarter second it starts due deliveries in their own greenlets, taking
+    agents round-robin (each one's oldest due first, one per agent before any agent gets a second), at most
+    `per_agent` in flight per agent and `per_account` per account, and receivers that have been failing at
+    most half the pool: a slow or dead receiver delays only itself."""
 
-    def __init__(self, service, concurrency=20, per_agent=4):
+    def __init__(self, service, concurrency=None, per_agent=4, per_account=8):
         import gevent.pool
         self.service = service
-        self.pool = gevent.pool.Pool(concurrency)
-        self.per_agent = per_agent
+        self.size = concurrency or service.settings.webhook_concurrency
+        self.pool = gevent.pool.Pool(self.size)
+        self.per_agent, self.per_account = per_agent, per_account
         self.busy = set()
-        self.agents = {}      # agent id -> deliveries in flight
+        self.agents = {}        # agent id -> deliveries in flight
+        self.accounts = {}      # account id -> deliveries in flight
+        self.failing = 0        # deliveries in flight to receivers whose last attempt failed
+        self.cursor = ''        # the round-robin: the last agent served
 
     def run(self):
         import gevent
@@ -3506,31 +3608,70 @@ class WebhookWorker:
                 log.exception('webhook dispatch failed; trying again')
             gevent.sleep(0.25)
 
-    def start_due(self):
-        due = self.service.db.rows('''SELECT id, agent_id FROM webhook_deliveries WHERE status = 'pending'
-                                       AND next_attempt_at <= :now ORDER BY next_attempt_at LIMIT 200''',
-                                   {'now': now_iso()})
-        for row in due:
-            agent = row['agent_id']
-            if row['id'] in self.busy or self.agents.get(agent, 0) >= self.per_agent:
-                continue
-            if not self.pool.free_count():
-                return
-            self.busy.add(row['id'])
-            self.agents[agent] = self.agents.get(agent, 0) + 1
-            self.pool.spawn(self.attempt, row['id'], agent)
+    def due_agents(self, moment, limit):
+        """Up to `limit` agents with due deliveries, in id order from the one after the cursor, wrapping round."""
+        query = '''SELECT DISTINCT agent_id FROM webhook_deliveries WHERE status = 'pending'
+                   AND next_attempt_at <= :now AND agent_id > :after ORDER BY agent_id LIMIT :limit'''
+        found = [row['agent_id'] for row in self.service.db.rows(
+            query, {'now': moment, 'after': self.cursor, 'limit': limit})]
+        if len(found) < limit and self.cursor:
+            found += [row['agent_id'] for row in self.service.db.rows(
+                query, {'now': moment, 'after': '', 'limit': limit - len(found)}) if row['agent_id'] not in found]
+        return found
 
-    def attempt(self, delivery_id, agent_id):
+    def due_of(self, agent_id, moment, count):
+        """An agent's oldest due deliveries not in flight (none while it is paused), with its account."""
+        rows = self.service.db.rows('''SELECT d.id, a.account_id, a.webhook_failures FROM webhook_deliveries d
+                                       JOIN agents a ON a.id = d.agent_id
+                                       WHERE d.agent_id = :agent AND d.status = 'pending' AND d.next_attempt_at <= :now
+                                       AND a.webhook_paused_at IS NULL
+                                       ORDER BY d.next_attempt_at, d.rowid LIMIT :limit''',
+                                    {'agent': agent_id, 'now': moment, 'limit': count + self.per_agent})
+        return [row for row in rows if row['id'] not in self.busy][:count]
+
+    def start_due(self):
+        moment = now_iso()
+        free = self.pool.free_count()
+        if not free:
+            return
+        agents = [agent for agent in self.due_agents(moment, free + len(self.agents))
+                  if self.agents.get(agent, 0) < self.per_agent]
+        for rounds in (1, self.per_agent):          # one each first, then up to the per-agent cap
+            for agent in agents:
+                room = min(rounds, self.per_agent) - self.agents.get(agent, 0)
+                if room <= 0:
+                    continue
+                for row in self.due_of(agent, moment, room):
+                    if not self.pool.free_count():
+                        return
+                    failing = row['webhook_failures'] > 0
+                    if (self.accounts.get(row['account_id'], 0) >= self.per_account
+                            or (failing and self.failing >= self.size // 2)):
+                        break
+                    self.start(row['id'], agent, row['account_id'], failing)
+                    if rounds == 1:
+                        self.cursor = agent
+
+    def start(self, delivery_id, agent_id, account_id, failing):
+        self.busy.add(delivery_id)
+        self.agents[agent_id] = self.agents.get(agent_id, 0) + 1
+        self.accounts[account_id] = self.accounts.get(account_id, 0) + 1
+        self.failing += failing
+        self.pool.spawn(self.attempt, delivery_id, agent_id, account_id, failing)
+
+    def attempt(self, delivery_id, agent_id, account_id, failing):
         try:
             status = deliver_webhook(self.service.db, self.service.settings, self.service.webhooks, delivery_id)
-            log.info('webhook %s: %s', delivery_id, status)
+            log.debug('webhook %s: %s', delivery_id, status)
         except Exception:
             log.exception('webhook %s failed', delivery_id)
         finally:
             self.busy.discard(delivery_id)
-            self.agents[agent_id] -= 1
-            if not self.agents[agent_id]:
-                del self.agents[agent_id]
+            self.failing -= failing
+            for counts, key in ((self.agents, agent_id), (self.accounts, account_id)):
+                counts[key] -= 1
+                if not counts[key]:
+                    del counts[key]
 
     def stop(self):
         self.pool.kill(block=False)     # attempts cut short stay pending: sent again after a restart
@@ -4203,6 +4344,8 @@ def patch_agent(agent_id):
         with svc.db.transaction():
             svc.db.execute(f'UPDATE agents SET {assignments}, updated_at = :now WHERE id = :id',
                            dict(changes, now=now_iso(), id=agent['id']))
+            if 'webhook_url' in changes:
+                resume_webhook(svc.db, agent['id'])     # and resumes a paused one
     return {'agent': agent_json(get_agent(svc.db, agent['id']), account)}
 
 
@@ -4270,9 +4413,9 @@ def post_redeliver(agent_id, delivery_id):
         if agent['webhook_url'] is None or agent['webhook_disabled_at']:
             raise Conflict('The agent has no live webhook; set its webhookUrl (PATCH /api/agents/:id) first.',
                            code='webhook_disabled')
-        db.execute('''UPDATE webhook_deliveries SET status = 'pending', attempts = 0, next_attempt_at = :now,
-                      last_error = NULL, delivered_at = NULL, updated_at = :now WHERE id = :id''',
-                   {'now': now_iso(), 'id': delivery_id})
+        db.execute('''UPDATE webhook_deliveries SET status = 'pending', attempts = 0, last_error = NULL,
+                      next_attempt_at = :due, delivered_at = NULL, updated_at = :now WHERE id = :id''',
+                   {'now': now_iso(), 'due': None if agent['webhook_paused_at'] else now_iso(), 'id': delivery_id})
     response.status = 202
     return {'delivery': delivery_json(db.row('SELECT * FROM webhook_deliveries WHERE id = :id', {'id': delivery_id}))}
 
@@ -4291,6 +4434,9 @@ def post_webhook_test():
     body = {'type': 'webhook.test', 'timestamp': now_iso(),
             'data': {'agentId': agent['id'], 'message': 'A test event from the marketplace.'}}
     outcome = send_webhook(svc.webhooks, svc.settings, agent, new_id(), 'webhook.test', body)
+    if outcome['error'] is None and (agent['webhook_paused_at'] or agent['webhook_failures']):
+        with svc.db.transaction():
+            resume_webhook(svc.db, agent['id'])     # a receiver that answers again is resumed
     answer = {'success': outcome['error'] is None, 'statusCode': outcome['statusCode'] or 0,
               'responseTime': outcome['responseTime'], 'webhookUrl': agent['webhook_url'], 'signed': True}
     if outcome['error']:
@@ -4313,7 +4459,8 @@ WEBHOOK_TEMPLATES = [
      'description': 'Post each event to a Discord channel through a channel webhook.',
      'relay': 'No relay needed: create a webhook in the channel settings, then set webhookUrl to it '
               '(https://discord.com/api/webhooks/...) and webhookFormat to "discord". The service sends '
-              '{content, embeds}.'},
+              '{content, embeds, allowed_mentions: {parse: []}}, with the markdown of titles and categories '
+              'escaped: they show as text and mention nobody.'},
     {'id': 'telegram', 'name': 'Telegram',
      'description': 'Send each event to a Telegram chat through a bot.',
      'relay': 'No relay needed: create a bot with @BotFather, then set webhookUrl to '
