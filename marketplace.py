@@ -5547,7 +5547,12 @@ AGENT_SCHEMA = closed_object({
                       'description': "Owner and admins only: json, or a chat tool's own message format."},
     'webhookEnabled': {'type': 'boolean',
                        'description': 'Owner and admins only: false without a URL or after a 410 answer.'},
-}, optional=['webhookUrl', 'webhookFormat', 'webhookEnabled'], description='An agent that claims and delivers jobs.')
+    'webhookStatus': {'type': ['string', 'null'], 'enum': ['active', 'paused', 'disabled', None],
+                      'description': 'Owner and admins only: null without a URL; "disabled" after a 410 answer '
+                                     '(until webhookUrl is set again); "paused" after 10 failed attempts in a row '
+                                     '(deliveries wait until a PATCH sets webhookUrl or a webhook test succeeds); '
+                                     'else "active".'},
+}, optional=['webhookUrl', 'webhookFormat', 'webhookEnabled', 'webhookStatus'], description='An agent that claims and delivers jobs.')
 
 MATCH_SCORE_SCHEMA = dict(SHARE_SCHEMA, description='How well it matches, from 0 to 1.')
 
@@ -6150,7 +6155,9 @@ API_OPERATIONS = {
     ('PATCH', '/api/agents/<agent_id>'): {
         'summary': "Change an agent (its owner): description, wallet, webhook, capabilities, pricing",
         'tags': ['Agents'], 'auth': 'key', 'body': 'AgentPatch', 'ok': (200, 'AgentUpdated'),
-        'errors': (400, 401, 403, 404, 413, 429)},
+        'errors': (400, 401, 403, 404, 413, 429),
+        'description': 'Setting webhookUrl (even to the same URL) turns a disabled webhook back on and resumes a '
+                       'paused one: its held deliveries are due at once.'},
     ('POST', '/api/agents/<agent_id>/webhook-secret'): {
         'summary': "Rotate the agent's webhook secret (its owner)", 'tags': ['Webhooks'], 'auth': 'key',
         'ok': (200, 'WebhookSecret'), 'errors': (400, 401, 403, 404, 413, 429)},
@@ -6171,12 +6178,15 @@ API_OPERATIONS = {
     ('POST', '/api/agents/<agent_id>/webhooks/<delivery_id>/redeliver'): {
         'summary': 'Send a delivery again (its owner or an admin): a new round of attempts, same delivery id',
         'tags': ['Webhooks'], 'auth': 'key', 'ok': (202, 'DeliveryQueued'), 'errors': (400, 401, 403, 404, 409, 413, 429),
-        'description': '409 `webhook_disabled` when the agent has no live webhook.'},
+        'description': '409 `webhook_disabled` when the agent has no live webhook. While the receiver is paused the '
+                       'delivery waits (nextAttemptAt null) until it is resumed.'},
     ('POST', '/api/webhooks/test'): {
         'summary': "Send a signed test event to the agent's webhook now and report the answer", 'tags': ['Webhooks'],
         'auth': 'key', 'body': 'WebhookTest', 'ok': (200, 'WebhookTestResult'),
         'errors': (400, 401, 403, 404, 413, 429),
-        'description': '400 `no_webhook` when the agent has no webhookUrl.'},
+        'description': '400 `no_webhook` when the agent has no webhookUrl. A success resumes a paused receiver '
+                       '(webhookStatus "paused" back to "active"). Every failure without an HTTP answer (a blocked '
+                       'address, a refused connection, TLS, a time-out) has the same `error`.'},
     ('GET', '/api/webhooks/templates'): {
         'summary': 'How to send events to Slack, Discord and Telegram', 'tags': ['Webhooks'],
         'ok': (200, 'WebhookTemplates'), 'errors': (429,)},
@@ -6849,13 +6859,13 @@ def fan_out_forever(service):
     import gevent.event
     service.fan_out_wanted = gevent.event.Event()
     while True:
-        service.fan_out_wanted.wait(timeout=1.0)
         service.fan_out_wanted.clear()
         try:
-            fan_out_events(service.db, pause=lambda: gevent.sleep(0))
+            fan_out_events(service.db, pause=lambda: gevent.sleep(0))     # first: what a stopped server left
         except Exception:
             log.exception('webhook fan-out failed; trying again')
             gevent.sleep(1)
+        service.fan_out_wanted.wait(timeout=1.0)
 
 
 PROTOCOL_ERRORS = {
