@@ -1719,7 +1719,7 @@ def reputation_json(event):
 # Webhook events: the outbox ##################################################
 ###############################################################################
 
-FAN_OUT_BATCH = 200         # agents examined per fan-out transaction (a few milliseconds of the database)
+FAN_OUT_BATCH = 100         # agents examined per fan-out transaction (a few milliseconds of the database)
 
 
 def webhook_agents(db, where, params):
@@ -1783,8 +1783,10 @@ def add_deliveries(db, event, recipients):
     """One pending delivery per recipient of an outbox event, due at the event's time (inside a transaction); a
     paused agent's waits for its resumption (next_attempt_at null)."""
     body = json.loads(event['payload'])
+    held = {row['id'] for row in db.rows('''SELECT a.id FROM json_each(:ids) r JOIN agents a ON a.id = r.value
+                                            WHERE a.webhook_paused_at IS NOT NULL''', {'ids': json.dumps(recipients)})}
     for recipient in recipients:
-        paused = db.value('SELECT webhook_paused_at IS NOT NULL FROM agents WHERE id = :id', {'id': recipient})
+        paused = recipient in held
         addressed = dict(body, data=dict(body['data'], agentId=body['data']['agentId'] or recipient))
         db.insert('webhook_deliveries', {
             'id': new_id(), 'agent_id': recipient, 'event': event['event'], 'payload': json.dumps(addressed),
@@ -6861,7 +6863,7 @@ def fan_out_forever(service):
     while True:
         service.fan_out_wanted.clear()
         try:
-            fan_out_events(service.db, pause=lambda: gevent.sleep(0))     # first: what a stopped server left
+            fan_out_events(service.db, pause=gevent.idle)     # first: what a stopped server left
         except Exception:
             log.exception('webhook fan-out failed; trying again')
             gevent.sleep(1)
