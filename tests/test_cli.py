@@ -470,7 +470,9 @@ def version_4_demo(path):
     conn.execute('PRAGMA foreign_keys = ON')
     conn.execute('BEGIN')
     version = next(conn.execute('PRAGMA schema_version'))[0]
-    conn.execute("""DROP TABLE stripe_events; DROP INDEX agents_stripe_account;
+    conn.execute("""DROP TABLE webhook_events; DROP INDEX webhook_deliveries_pending;
+        ALTER TABLE agents DROP COLUMN webhook_failures; ALTER TABLE agents DROP COLUMN webhook_paused_at;
+        DROP TABLE stripe_events; DROP INDEX agents_stripe_account;
         ALTER TABLE jobs DROP COLUMN stripe_session_id; ALTER TABLE jobs DROP COLUMN checkout_url;
         ALTER TABLE jobs DROP COLUMN checkout_expires_at; ALTER TABLE jobs DROP COLUMN payment_intent;
         ALTER TABLE jobs DROP COLUMN stripe_charge; ALTER TABLE payments DROP COLUMN reference;
@@ -493,7 +495,7 @@ def test_a_version_4_database_takes_pending_jobs_and_keeps_its_rows(tmp_path):
     conn.close()
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 5
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 6
     assert [tuple(row.values()) for row in db.rows('SELECT id, status, escrow_status FROM jobs ORDER BY id')] == jobs
     assert db.value('PRAGMA integrity_check') == 'ok' and db.value('PRAGMA foreign_key_check') is None
     job = jobs[0][0]
@@ -549,7 +551,7 @@ def test_a_version_3_database_keeps_its_arbitrators_and_votes_and_agent_arbitrat
     assert votes and any(agent for _, agent, _ in before) and any(not agent for _, agent, _ in before)
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 5
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 6
     after = [tuple(row.values()) for row in db.rows('SELECT id, agent_id IS NOT NULL, status, trusted FROM arbitrators ORDER BY id')]
     assert after == [(id_, agent, 'pending' if agent and status == 'active' else status, 0)
                      for id_, agent, status in before]
@@ -591,7 +593,7 @@ def test_a_version_2_database_gains_job_counts_of_its_jobs_and_the_list_indexes(
     assert len(counted) >= 5 and {status for _, status, _ in counted} >= {'open', 'completed', 'rejected'}
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 5
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 6
     assert [tuple(row.values()) for row in db.rows('SELECT category, status, jobs FROM job_counts ORDER BY 1, 2')] \
         == counted
     indexes = {row['name'] for row in db.rows("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'jobs'")}
@@ -605,7 +607,7 @@ def test_a_new_database_gets_the_schema_without_migrations(tmp_path):
     db = mp.Database(tmp_path / 'new.db')
     not_sql = {'before': 'THIS IS NOT SQL'}
     db.migrate(mp.SCHEMA_SQL, {2: not_sql, 3: not_sql, 4: not_sql, 5: not_sql})     # a new database runs no migration
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 5
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 6
     db.close()
 
 
