@@ -1383,3 +1383,58 @@ def test_slack_and_telegram_escapes_hold():
     telegram = mp.chat_message(HOSTILE, 'telegram')
     assert f'>{escaped}</a>' in telegram['text']
     assert telegram['text'].count('<a ') == 1 and '<!channel>' not in telegram['text']
+
+
+class HeldPool:
+    """Stands in for the worker's gevent pool: records what it is asked to start and runs nothing."""
+
+    def __init__(self, size):
+        self.size, self.started = size, []
+
+    def free_count(self):
+        return self.size - len(self.started)
+
+    def spawn(self, function, delivery_id, agent_id, account_id, failing):
+        self.started.append(agent_id)
+
+
+def held_worker(app, size):
+    worker_ = mp.WebhookWorker(app.service, concurrency=size)
+    worker_.pool = HeldPool(size)
+    return worker_
+
+
+def test_the_worker_takes_agents_round_robin_within_the_caps(client, app, requester, monkeypatch):
+    """Fifty due deliveries of one agent, older than everyone's, do not starve the others; 4 per agent, 8 per
+    account; receivers that have been failing get half the pool."""
+    _, requester_key = requester
+    _, flood_key, flood, _ = worker(client, 'flood', 'https://hooks.example.com/flood')
+    others = [worker(client, f'other{i}', f'https://hooks.example.com/{i}')[2] for i in range(3)]
+    for _ in range(50):
+        make_job(client, requester_key)
+    app.service.db.execute('''UPDATE webhook_deliveries SET next_attempt_at = '2000-01-01T00:00:00.000Z'
+                              WHERE agent_id = :id''', {'id': flood['id']})        # the flood is the oldest
+    held = held_worker(app, 4)
+    held.start_due()
+    assert sorted(held.pool.started) == sorted([flood['id']] + [a['id'] for a in others])     # one each first
+
+    held = held_worker(app, 100)
+    held.start_due()
+    assert {agent: held.pool.started.count(agent) for agent in set(held.pool.started)} == {
+        agent['id']: 4 for agent in [flood] + others}                                   # then up to 4 each
+
+    # One account with three agents: 8 in flight at most, across them.
+    more = [make_agent(client, flood_key, name=f'flood{i}', webhookUrl=f'https://hooks.example.com/f{i}')[0]
+            for i in range(2)]
+    make_job(client, requester_key)
+    make_job(client, requester_key)
+    held = held_worker(app, 100)
+    held.start_due()
+    fleet = {flood['id']} | {agent['id'] for agent in more}
+    assert sum(agent in fleet for agent in held.pool.started) == 8
+
+    # Failing receivers (the last attempt failed) share half the pool: 10 slots, 5 for them.
+    app.service.db.execute('UPDATE agents SET webhook_failures = 3')
+    held = held_worker(app, 10)
+    held.start_due()
+    assert len(held.pool.started) == 5
