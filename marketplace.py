@@ -1765,6 +1765,8 @@ def queue_event(db, settings, event, job_id, recipients=None, *, agent_id=None, 
     status (the job's, after the change), txHash, jobUrl}}; agentId is the agent the event is about,
     or the recipient itself for job.new and job.expired.
     """
+    if recipients is not None and not recipients:
+        return                          # nobody to tell
     job = db.row('SELECT * FROM jobs WHERE id = :id', {'id': job_id})
     moment = now_iso()
     body = {'type': event, 'timestamp': moment, 'data': {
@@ -1772,8 +1774,6 @@ def queue_event(db, settings, event, job_id, recipients=None, *, agent_id=None, 
         'amount': amount or format_cents(job['amount_cents']), 'currency': job['currency'],
         'agentId': agent_id, 'status': job['status'], 'txHash': tx_hash,
         'jobUrl': f'{settings.base_url}/jobs/{job["id"]}'}}
-    if recipients is not None and not recipients:
-        return
     db.insert('webhook_events', {
         'event': event, 'job_id': job_id, 'payload': json.dumps(body), 'created_at': moment,
         'recipients': None if recipients is None else json.dumps(list(recipients))})

@@ -1178,6 +1178,7 @@ def test_the_fan_out_is_exactly_once_across_a_crash_and_skips_later_agents(clien
     monkeypatch.setattr(app.service, 'fan_out', lambda: None)        # the fan-out waits: it runs below
     job = make_job(client, requester_key)
     assert outbox(app, 'job.new', job=job) == []
+    mp.CLOCK.advance(milliseconds=5)
     late = worker(client, 'late', 'https://hooks.example.com/late')[2]        # registered after the post
     real_add, calls = mp.add_deliveries, []
 
