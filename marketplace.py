@@ -250,6 +250,8 @@ SETTINGS = [
     Setting('webhook_retry_base', 60.0, parse_positive(float),
             'seconds before the first webhook retry; each next wait is 3 times longer (8 attempts, ~18 h)'),
     Setting('webhook_timeout', 10.0, parse_positive(float), 'seconds one webhook attempt may take'),
+    Setting('webhook_concurrency', 200, parse_positive(int),
+            'webhook deliveries in flight at once (at most 4 per agent, 8 per account, half to failing receivers)'),
     Setting('allow_private_webhooks', False, parse_bool,
             'allow webhook URLs on loopback and private networks (tests and local demos only)'),
     Setting('rpc_url', '', str, 'JSON-RPC URL of a Base node: turns on onchain payments for rail base'),
@@ -513,8 +515,13 @@ MIGRATIONS = {
                 ALTER TABLE agents ADD COLUMN stripe_account_id TEXT;
                 ALTER TABLE agents ADD COLUMN stripe_payouts_enabled INTEGER NOT NULL DEFAULT 0;''')),
     },
-    6: {        # payouts re-priced with the same nonce (CONTRACT 19): schema.sql adds signed_transactions and its
-                # triggers; the transactions signed before are its first rows
+    6: {        # staying up under abuse (CONTRACT 19): webhook failures in a row and the pause on agents; schema.sql
+                # adds webhook_events (the fan-out outbox), the index of pending deliveries by agent, and
+                # signed_transactions with its triggers (payouts re-priced with the same nonce), whose first rows
+                # are the transactions signed before
+        'before': '''
+            ALTER TABLE agents ADD COLUMN webhook_failures INTEGER NOT NULL DEFAULT 0;
+            ALTER TABLE agents ADD COLUMN webhook_paused_at TEXT;''',
         'after': '''INSERT OR IGNORE INTO signed_transactions (tx_hash, source, payment_id, nonce, raw_tx)
                         SELECT tx_hash, 'payments', id, nonce, raw_tx FROM payments WHERE raw_tx IS NOT NULL
                         ORDER BY seq;
@@ -1884,7 +1891,18 @@ def agent_json(agent, viewer=None):
         shown['webhookUrl'] = agent['webhook_url']
         shown['webhookFormat'] = agent['webhook_format']
         shown['webhookEnabled'] = agent['webhook_url'] is not None and agent['webhook_disabled_at'] is None
+        shown['webhookStatus'] = webhook_status(agent)
     return shown
+
+
+def webhook_status(agent):
+    """null without a URL; "disabled" after a 410 (until the URL is set again); "paused" after 10 failed attempts in
+    a row (until a PATCH sets the URL or a test succeeds); else "active"."""
+    if agent['webhook_url'] is None:
+        return None
+    if agent['webhook_disabled_at']:
+        return 'disabled'
+    return 'paused' if agent['webhook_paused_at'] else 'active'
 
 
 def reputation_json(event):
@@ -1896,6 +1914,9 @@ def reputation_json(event):
 ###############################################################################
 # Webhook events: the outbox ##################################################
 ###############################################################################
+
+FAN_OUT_BATCH = 100         # agents examined per fan-out transaction (a few milliseconds of the database)
+
 
 def webhook_agents(db, where, params):
     """Agents with a live webhook (a URL, not disabled by a 410) among those `where` selects."""
@@ -1909,40 +1930,103 @@ def claim_holders(db, job_id):
         db, 'a.id IN (SELECT agent_id FROM claims WHERE job_id = :job)', {'job': job_id})]
 
 
-def agents_wanting(db, job):
-    """The ids of the agents a new job suits (CONTRACT.md 11): its category among theirs (none listed: all),
-    its pay within their maxJobValue, its currency accepted; never the requester's own agents."""
-    wanted = []
-    for agent in webhook_agents(db, 'a.account_id != :requester', {'requester': job['requester_id']}):
-        capabilities, pricing = json.loads(agent['capabilities']), json.loads(agent['pricing'])
-        categories, ceiling = capabilities.get('categories'), capabilities.get('maxJobValue')
-        currencies = pricing.get('acceptedCurrencies')
-        if ((not categories or job['category'] in categories)
-                and (ceiling is None or job['amount_cents'] <= Decimal(str(ceiling)) * 100)
-                and (not currencies or job['currency'] in currencies)):
-            wanted.append(agent['id'])
-    return wanted
+def agent_wants(agent, job):
+    """Does a new job suit an agent (CONTRACT.md 11)? Its category among theirs (none listed: all), its pay within
+    their maxJobValue, its currency accepted."""
+    capabilities, pricing = json.loads(agent['capabilities']), json.loads(agent['pricing'])
+    categories, ceiling = capabilities.get('categories'), capabilities.get('maxJobValue')
+    currencies = pricing.get('acceptedCurrencies')
+    return ((not categories or job['category'] in categories)
+            and (ceiling is None or job['amount_cents'] <= Decimal(str(ceiling)) * 100)
+            and (not currencies or job['currency'] in currencies))
 
 
-def queue_event(db, settings, event, job_id, recipients, *, agent_id=None, amount=None, tx_hash=None):
-    """Write the event for each recipient agent into the outbox, inside the caller's transaction.
+def agents_wanting(db, job, *, after='', registered_by=None, limit=-1):
+    """The agents a new job suits, never the requester's own, in id order after `after` (registered at or before
+    `registered_by`, at most `limit` examined): (their ids, the last id examined or None when none was left)."""
+    examined = webhook_agents(db, '''a.account_id != :requester AND a.id > :after
+                                     AND (:registered_by IS NULL OR a.created_at <= :registered_by)
+                                     ORDER BY a.id LIMIT :limit''',
+                              {'requester': job['requester_id'], 'after': after, 'registered_by': registered_by,
+                               'limit': limit})
+    return ([agent['id'] for agent in examined if agent_wants(agent, job)],
+            examined[-1]['id'] if examined else None)
+
+
+def queue_event(db, settings, event, job_id, recipients=None, *, agent_id=None, amount=None, tx_hash=None):
+    """Write one event into the outbox, inside the caller's transaction: its body now (the job's status after the
+    change), its recipients later (fan_out_events). `recipients` are agent ids; None: the agents the job suits.
 
     The body is SPEC.md's: {type, timestamp, data: {jobId, title, category, amount, currency, agentId,
     status (the job's, after the change), txHash, jobUrl}}; agentId is the agent the event is about,
     or the recipient itself for job.new and job.expired.
     """
+    if recipients is not None and not recipients:
+        return                          # nobody to tell
     job = db.row('SELECT * FROM jobs WHERE id = :id', {'id': job_id})
     moment = now_iso()
+    body = {'type': event, 'timestamp': moment, 'data': {
+        'jobId': job['id'], 'title': job['title'], 'category': job['category'],
+        'amount': amount or format_cents(job['amount_cents']), 'currency': job['currency'],
+        'agentId': agent_id, 'status': job['status'], 'txHash': tx_hash,
+        'jobUrl': f'{settings.base_url}/jobs/{job["id"]}'}}
+    db.insert('webhook_events', {
+        'event': event, 'job_id': job_id, 'payload': json.dumps(body), 'created_at': moment,
+        'recipients': None if recipients is None else json.dumps(list(recipients))})
+
+
+def add_deliveries(db, event, recipients):
+    """One pending delivery per recipient of an outbox event, due at the event's time (inside a transaction); a
+    paused agent's waits for its resumption (next_attempt_at null)."""
+    body = json.loads(event['payload'])
+    held = {row['id'] for row in db.rows('''SELECT a.id FROM json_each(:ids) r JOIN agents a ON a.id = r.value
+                                            WHERE a.webhook_paused_at IS NOT NULL''', {'ids': json.dumps(recipients)})}
     for recipient in recipients:
-        body = {'type': event, 'timestamp': moment, 'data': {
-            'jobId': job['id'], 'title': job['title'], 'category': job['category'],
-            'amount': amount or format_cents(job['amount_cents']), 'currency': job['currency'],
-            'agentId': agent_id or recipient, 'status': job['status'], 'txHash': tx_hash,
-            'jobUrl': f'{settings.base_url}/jobs/{job["id"]}'}}
+        paused = recipient in held
+        addressed = dict(body, data=dict(body['data'], agentId=body['data']['agentId'] or recipient))
         db.insert('webhook_deliveries', {
-            'id': new_id(), 'agent_id': recipient, 'event': event, 'payload': json.dumps(body),
+            'id': new_id(), 'agent_id': recipient, 'event': event['event'], 'payload': json.dumps(addressed),
             'status': 'pending', 'attempts': 0, 'last_status_code': None, 'last_error': None,
-            'next_attempt_at': moment, 'created_at': moment, 'updated_at': moment, 'delivered_at': None})
+            'next_attempt_at': None if paused else event['created_at'], 'created_at': event['created_at'],
+            'updated_at': now_iso(), 'delivered_at': None})
+
+
+def fan_out_step(db, batch=FAN_OUT_BATCH):
+    """Expand the oldest outbox event by one batch of agents, in one transaction with its progress (so each
+    recipient gets its delivery exactly once, crash or not); False when no event is left."""
+    if not db.value('SELECT 1 FROM webhook_events WHERE expanded_at IS NULL LIMIT 1'):
+        return False                # most requests queue nothing: no write transaction for them
+    with db.transaction():
+        event = db.row('SELECT * FROM webhook_events WHERE expanded_at IS NULL ORDER BY seq LIMIT 1')
+        if event is None:
+            return False
+        done = True
+        if event['recipients'] is not None:
+            add_deliveries(db, event, json.loads(event['recipients']))
+        else:
+            job = db.row('SELECT * FROM jobs WHERE id = :id', {'id': event['job_id']})
+            wanting, last = agents_wanting(db, job, after=event['expanded_through'],
+                                           registered_by=event['created_at'], limit=batch)
+            add_deliveries(db, event, wanting)
+            done = last is None
+            if last is not None:
+                db.execute('UPDATE webhook_events SET expanded_through = :last WHERE seq = :seq',
+                           {'last': last, 'seq': event['seq']})
+        if done:
+            db.execute('UPDATE webhook_events SET expanded_at = :now WHERE seq = :seq',
+                       {'now': now_iso(), 'seq': event['seq']})
+    return True
+
+
+def fan_out_events(db, pause=None, batch=FAN_OUT_BATCH):
+    """Expand every outbox event into its deliveries, batch by batch, calling `pause` between batches (the
+    server yields to other greenlets there); the number of batches run."""
+    steps = 0
+    while fan_out_step(db, batch):
+        steps += 1
+        if pause:
+            pause()
+    return steps
 
 
 ###############################################################################
@@ -2022,7 +2106,7 @@ def create_job(db, settings, fields, funding=None, checkout=None):
                                         'job_id': job['id'], 'created_at': moment})
         if not checkout:
             lock_escrow(db, job, funding)
-            queue_event(db, settings, 'job.new', job['id'], agents_wanting(db, job))
+            queue_event(db, settings, 'job.new', job['id'])
     return get_job(db, job['id'])
 
 
@@ -2826,7 +2910,7 @@ def open_paid_job(db, settings, job, session):
                {'intent': session['payment_intent'], 'charge': session.get('charge'), 'now': now_iso(),
                 'id': job['id']})
     lock_escrow(db, job, payment_intent=session['payment_intent'])
-    queue_event(db, settings, 'job.new', job['id'], agents_wanting(db, job))
+    queue_event(db, settings, 'job.new', job['id'])
 
 
 def settle_checkout(db, settings, session, outcome, event=None):
@@ -3139,7 +3223,7 @@ def auto_verify_deliveries(db, settings):
     return result
 
 
-def run_sweeps(db, settings):
+def run_sweeps(db, settings, fan_out=True):
     """Both sweeps once (expiry first, so that an overdue job with nothing delivered cannot be approved);
     on chain, then send the new payouts and confirm the pending ones; in stripe mode, then settle the Checkout
     Sessions of jobs still pending_payment (reconcile_checkouts: their `opened` jobs are the caller's to publish)."""
@@ -3150,6 +3234,8 @@ def run_sweeps(db, settings):
     if settings.stripe:
         result['checkouts'] = reconcile_checkouts(db, settings)
         result['stripePayments'] = send_stripe_payments(db, settings)
+    if fan_out:             # the server's fan-out greenlet does it there
+        fan_out_events(db)  # the events of this sweep, and any a stopped server left unexpanded
     return result
 
 
@@ -3488,41 +3574,91 @@ EVENT_HEADLINES = {
 
 
 class BlockedAddress(OSError):
-    """A webhook connection reached an address that webhooks may not reach."""
+    """A webhook URL's host resolves to an address that webhooks may not reach."""
+
+
+WEBHOOK_UNREACHABLE = 'no HTTP answer (could not connect, or no answer in time)'
+WEBHOOK_PAUSE_AFTER = 10        # failed attempts in a row that pause a receiver
+
+
+def pinned_address(url, allow_private):
+    """Resolve a webhook URL's host once and check every address it has (unless `allow_private`): the
+    (family, sockaddr) to connect to, the first one. BlockedAddress if any is not public. Network I/O."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == 'https' else 80)
+    found = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    if not allow_private and not all(is_public_address(info[4][0]) for info in found):
+        raise BlockedAddress(f'{parts.hostname} resolves to an address webhooks may not reach')
+    family, _, _, _, sockaddr = found[0]
+    return family, sockaddr
+
+
+def pinned(connection_class):
+    """An urllib3 connection class that connects to the `address` it is given, never resolving its host again;
+    the host name still goes into the Host header, the TLS SNI and the certificate check."""
+    class Pinned(connection_class):
+        address = None          # (family, sockaddr) from pinned_address
+
+        def _new_conn(self):
+            family, sockaddr = self.address
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(self.timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.connect(sockaddr)
+            except BaseException:
+                sock.close()
+                raise
+            return sock
+    return Pinned
+
+
+PinnedHTTP = pinned(urllib3.connection.HTTPConnection)
+PinnedHTTPS = pinned(urllib3.connection.HTTPSConnection)
+
+
+@dataclass
+class WebhookAnswer:
+    """What a webhook attempt keeps of the receiver's answer."""
+    status_code: int
+    headers: object
+
+    def close(self):
+        pass
+
+
+class WebhookClient:
+    """POSTs webhooks: resolves each URL's host once, checks every address (unless private ones are allowed),
+    connects to the address checked (so DNS rebinding between the check and the connection cannot help), never
+    follows redirects and never reads a proxy from the environment."""
+
+    def __init__(self, allow_private):
+        self.allow_private = allow_private
+
+    def post(self, url, data, headers, timeout, **_):
+        """One POST (called as requests' Session.post is, which tests may stand in for): the answer's status_code
+        and headers, its body never read; any failure without an HTTP answer raises."""
+        parts = urlsplit(url)
+        address = pinned_address(url, self.allow_private)
+        if parts.scheme == 'https':
+            import certifi
+            connection = PinnedHTTPS(parts.hostname, parts.port or 443, timeout=timeout,
+                                     cert_reqs='CERT_REQUIRED', ca_certs=certifi.where())
+        else:
+            connection = PinnedHTTP(parts.hostname, parts.port or 80, timeout=timeout)
+        connection.address = address
+        try:
+            connection.request('POST', (parts.path or '/') + (f'?{parts.query}' if parts.query else ''),
+                               body=data, headers=headers, preload_content=False)
+            answer = connection.getresponse()
+            return WebhookAnswer(answer.status, answer.headers)
+        finally:
+            connection.close()
 
 
 def webhook_session(allow_private):
-    """A requests session for webhooks: the address actually connected to is checked (so DNS tricks between
-    the check and the connection do not help), and redirects are never followed (callers pass
-    allow_redirects=False)."""
-
-    def checked(connection_class):
-        class Checked(connection_class):
-            def _new_conn(self):
-                sock = super()._new_conn()
-                if not allow_private and not is_public_address(sock.getpeername()[0]):
-                    sock.close()
-                    raise BlockedAddress(f'{self.host} resolves to a loopback, private, link-local or '
-                                         'multicast address, which webhooks may not reach')
-                return sock
-        return Checked
-
-    class HTTPPool(urllib3.HTTPConnectionPool):
-        ConnectionCls = checked(urllib3.connection.HTTPConnection)
-
-    class HTTPSPool(urllib3.HTTPSConnectionPool):
-        ConnectionCls = checked(urllib3.connection.HTTPSConnection)
-
-    class Adapter(requests.adapters.HTTPAdapter):
-        def init_poolmanager(self, *args, **kwargs):
-            super().init_poolmanager(*args, **kwargs)
-            self.poolmanager.pool_classes_by_scheme = {'http': HTTPPool, 'https': HTTPSPool}
-
-    session = requests.Session()
-    session.trust_env = False        # no proxies from the environment: the address checked is the one reached
-    for scheme in ('http://', 'https://'):
-        session.mount(scheme, Adapter(pool_connections=20, pool_maxsize=20, max_retries=0))
-    return session
+    """The client that sends every webhook of a service (see WebhookClient)."""
+    return WebhookClient(allow_private)
 
 
 def signature_headers(secret, delivery_id, event, body, moment):
@@ -3547,6 +3683,15 @@ def signature_headers(secret, delivery_id, event, body, moment):
     }
 
 
+DISCORD_MARKUP = re.compile(r'([\\*_~`|><\[\]()#-])')
+
+
+def discord_text(text):
+    """Text from users shown as itself in Discord: its markdown escaped (no masked link, no heading), and a zero-width
+    space after every @ (no mention; allowed_mentions also pings nobody)."""
+    return DISCORD_MARKUP.sub(r'\\\1', text).replace('@', '@\u200b')
+
+
 def chat_message(body, webhook_format):
     """The event as the chat tool's own message body (Slack, Discord, Telegram), or the JSON body as is."""
     if webhook_format == 'json':
@@ -3565,10 +3710,13 @@ def chat_message(body, webhook_format):
         return {'text': f'{headline}: {escape(title)} ({escape(terms)})' + (f' {url}' if url else ''),
                 'blocks': [{'type': 'section', 'text': {'type': 'mrkdwn', 'text': f'*{headline}*: {link}\n{escape(terms)}'}}]}
     if webhook_format == 'discord':
+        if body['type'] != 'webhook.test':
+            title = discord_text(title)
+            terms = f'{data["amount"]} {data["currency"]} · {discord_text(data["category"])} · {data["status"]}'
         embed = {'title': title[:256], 'description': f'{headline} · {terms}'[:4096]}
         if url:
             embed['url'] = url
-        return {'content': f'{headline}: {title}'[:2000], 'embeds': [embed]}
+        return {'content': f'{headline}: {title}'[:2000], 'embeds': [embed], 'allowed_mentions': {'parse': []}}
     link = f'<a href="{html.escape(url)}">{html.escape(title)}</a>' if url else html.escape(title)
     return {'text': f'<b>{html.escape(headline)}</b>: {link}\n{html.escape(terms)}', 'parse_mode': 'HTML',
             'disable_web_page_preview': True}
@@ -3594,7 +3742,9 @@ def retry_after_seconds(header):
 def send_webhook(session, settings, agent, delivery_id, event, body):
     """POST one event to an agent's webhook; return {statusCode, error, retryAfter, responseTime (ms)}.
 
-    Network I/O: never call it inside a transaction.
+    Every failure without an HTTP answer (a blocked address, a refused or failed connection, TLS, a time-out)
+    reports the same error, so that the owner of a webhook cannot probe the network behind the service; the
+    log keeps the reason. Network I/O: never call it inside a transaction.
     """
     raw = json.dumps(chat_message(body, agent['webhook_format']), separators=(',', ':')).encode('utf-8')
     headers = signature_headers(agent['webhook_secret'], delivery_id, event, raw, now())
@@ -3609,28 +3759,59 @@ def send_webhook(session, settings, agent, delivery_id, event, body):
                 answer = session.post(agent['webhook_url'], data=raw, headers=headers, allow_redirects=False,
                                       timeout=settings.webhook_timeout, stream=True)
                 answer.close()           # the receiver's body is not needed
-            outcome['statusCode'] = answer.status_code
+            status = answer.status_code
+            outcome['statusCode'] = status
             outcome['retryAfter'] = retry_after_seconds(answer.headers.get('Retry-After'))
-            if not 200 <= answer.status_code < 300:
-                outcome['error'] = f'the receiver answered {answer.status_code}'
-        except requests.exceptions.ConnectionError as exc:
-            outcome['error'] = ('blocked: the address is loopback, private, link-local or multicast'
-                                if 'may not reach' in str(exc) else 'could not connect')
-        except (requests.exceptions.Timeout, TimeoutError):
-            outcome['error'] = f'no answer within {settings.webhook_timeout:g} s'
-        except (requests.exceptions.RequestException, OSError) as exc:
-            outcome['error'] = f'{type(exc).__name__}: {str(exc)[:200]}'
+            if not 200 <= status < 300:
+                outcome['error'] = f'the receiver answered {status}'
+        except Exception as exc:        # OSError, TLS, urllib3 and http.client errors, the time-out
+            log.info('webhook %s to agent %s: %s: %s', delivery_id, agent.get('id'), type(exc).__name__,
+                     str(exc)[:200])
+            outcome['error'] = WEBHOOK_UNREACHABLE
     outcome['responseTime'] = round((time.monotonic() - started) * 1000, 1)
     return outcome
 
 
+def resume_webhook(db, agent_id):
+    """Resume a paused receiver (inside a transaction): its failure count back to 0, its held deliveries due."""
+    moment = now_iso()
+    db.execute('''UPDATE agents SET webhook_failures = 0, webhook_paused_at = NULL, updated_at = :now
+                  WHERE id = :id''', {'now': moment, 'id': agent_id})
+    db.execute('''UPDATE webhook_deliveries SET next_attempt_at = :now, updated_at = :now
+                  WHERE agent_id = :id AND status = 'pending' AND next_attempt_at IS NULL''',
+               {'now': moment, 'id': agent_id})
+
+
+def count_webhook_attempt(db, agent_id, succeeded):
+    """Record an attempt's outcome on its agent (inside a transaction): a success resets the failures in a row;
+    the 10th failure in a row pauses the receiver and holds its pending deliveries (next_attempt_at null)."""
+    if succeeded:
+        db.execute('UPDATE agents SET webhook_failures = 0 WHERE id = :id', {'id': agent_id})
+        return
+    db.execute('UPDATE agents SET webhook_failures = webhook_failures + 1 WHERE id = :id', {'id': agent_id})
+    if db.value('''SELECT webhook_failures >= :limit AND webhook_paused_at IS NULL FROM agents WHERE id = :id''',
+                {'limit': WEBHOOK_PAUSE_AFTER, 'id': agent_id}):
+        moment = now_iso()
+        db.execute('UPDATE agents SET webhook_paused_at = :now, updated_at = :now WHERE id = :id',
+                   {'now': moment, 'id': agent_id})
+        db.execute('''UPDATE webhook_deliveries SET next_attempt_at = NULL, updated_at = :now
+                      WHERE agent_id = :id AND status = 'pending' ''', {'now': moment, 'id': agent_id})
+        log.info('webhook of agent %s paused after %s failures in a row', agent_id, WEBHOOK_PAUSE_AFTER)
+
+
 def deliver_webhook(db, settings, session, delivery_id):
     """One attempt at a pending delivery, then its new state in one transaction: delivered, failed (410, the
-    last attempt, or a webhook gone), or pending again after a backoff with jitter (or Retry-After)."""
+    last attempt, or a webhook gone), or pending again after a backoff with jitter (or Retry-After). A paused
+    receiver's delivery is not attempted: it waits (next_attempt_at null) for the receiver to be resumed."""
     row = db.row("SELECT * FROM webhook_deliveries WHERE id = :id AND status = 'pending'", {'id': delivery_id})
     if row is None:
         return None
     agent = db.row('SELECT * FROM agents WHERE id = :id', {'id': row['agent_id']})
+    if agent['webhook_paused_at'] and agent['webhook_url'] and not agent['webhook_disabled_at']:
+        with db.transaction():
+            db.execute('''UPDATE webhook_deliveries SET next_attempt_at = NULL WHERE id = :id
+                          AND status = 'pending' ''', {'id': delivery_id})
+        return 'pending'
     if agent['webhook_url'] is None or agent['webhook_disabled_at']:
         outcome = {'statusCode': None, 'error': 'the agent has no live webhook'}
     else:
@@ -3657,20 +3838,28 @@ def deliver_webhook(db, settings, session, delivery_id):
                       last_status_code = :last_status_code, last_error = :last_error,
                       next_attempt_at = :next_attempt_at, delivered_at = :delivered_at, updated_at = :now
                       WHERE id = :id''', dict(changes, now=now_iso(), id=delivery_id))
+        if outcome['error'] != 'the agent has no live webhook':
+            count_webhook_attempt(db, agent['id'], changes['status'] == 'delivered')
     return changes['status']
 
 
 class WebhookWorker:
-    """Delivers the outbox: every quarter second it starts the due deliveries, at most 20 at a time and 4 per
-    agent, each in its own greenlet, so a slow receiver delays only its own deliveries."""
+    """Delivers the outbox fairly: every quarter second it starts due deliveries in their own greenlets, taking
+    agents round-robin (each one's oldest due first, one per agent before any agent gets a second), at most
+    `per_agent` in flight per agent and `per_account` per account, and receivers that have been failing at
+    most half the pool: a slow or dead receiver delays only itself."""
 
-    def __init__(self, service, concurrency=20, per_agent=4):
+    def __init__(self, service, concurrency=None, per_agent=4, per_account=8):
         import gevent.pool
         self.service = service
-        self.pool = gevent.pool.Pool(concurrency)
-        self.per_agent = per_agent
+        self.size = concurrency or service.settings.webhook_concurrency
+        self.pool = gevent.pool.Pool(self.size)
+        self.per_agent, self.per_account = per_agent, per_account
         self.busy = set()
-        self.agents = {}      # agent id -> deliveries in flight
+        self.agents = {}        # agent id -> deliveries in flight
+        self.accounts = {}      # account id -> deliveries in flight
+        self.failing = 0        # deliveries in flight to receivers whose last attempt failed
+        self.cursor = ''        # the round-robin: the last agent served
 
     def run(self):
         import gevent
@@ -3681,31 +3870,71 @@ class WebhookWorker:
                 log.exception('webhook dispatch failed; trying again')
             gevent.sleep(0.25)
 
-    def start_due(self):
-        due = self.service.db.rows('''SELECT id, agent_id FROM webhook_deliveries WHERE status = 'pending'
-                                       AND next_attempt_at <= :now ORDER BY next_attempt_at LIMIT 200''',
-                                   {'now': now_iso()})
-        for row in due:
-            agent = row['agent_id']
-            if row['id'] in self.busy or self.agents.get(agent, 0) >= self.per_agent:
-                continue
-            if not self.pool.free_count():
-                return
-            self.busy.add(row['id'])
-            self.agents[agent] = self.agents.get(agent, 0) + 1
-            self.pool.spawn(self.attempt, row['id'], agent)
+    def due_agents(self, moment, limit):
+        """Up to `limit` agents with due deliveries, in id order from the one after the cursor, wrapping round."""
+        query = '''SELECT DISTINCT agent_id FROM webhook_deliveries INDEXED BY webhook_deliveries_pending
+                   WHERE status = 'pending' AND next_attempt_at <= :now AND agent_id > :after
+                   ORDER BY agent_id LIMIT :limit'''     # in agent order, stopping at the limit: no sort of them all
+        found = [row['agent_id'] for row in self.service.db.rows(
+            query, {'now': moment, 'after': self.cursor, 'limit': limit})]
+        if len(found) < limit and self.cursor:
+            found += [row['agent_id'] for row in self.service.db.rows(
+                query, {'now': moment, 'after': '', 'limit': limit - len(found)}) if row['agent_id'] not in found]
+        return found
 
-    def attempt(self, delivery_id, agent_id):
+    def due_of(self, agent_id, moment, count):
+        """An agent's oldest due deliveries not in flight (none while it is paused), with its account."""
+        rows = self.service.db.rows('''SELECT d.id, a.account_id, a.webhook_failures FROM webhook_deliveries d
+                                       JOIN agents a ON a.id = d.agent_id
+                                       WHERE d.agent_id = :agent AND d.status = 'pending' AND d.next_attempt_at <= :now
+                                       AND a.webhook_paused_at IS NULL
+                                       ORDER BY d.next_attempt_at, d.rowid LIMIT :limit''',
+                                    {'agent': agent_id, 'now': moment, 'limit': count + self.per_agent})
+        return [row for row in rows if row['id'] not in self.busy][:count]
+
+    def start_due(self):
+        moment = now_iso()
+        free = self.pool.free_count()
+        if not free:
+            return
+        agents = [agent for agent in self.due_agents(moment, free + len(self.agents))
+                  if self.agents.get(agent, 0) < self.per_agent]
+        for rounds in (1, self.per_agent):          # one each first, then up to the per-agent cap
+            for agent in agents:
+                room = min(rounds, self.per_agent) - self.agents.get(agent, 0)
+                if room <= 0:
+                    continue
+                for row in self.due_of(agent, moment, room):
+                    if not self.pool.free_count():
+                        return
+                    failing = row['webhook_failures'] > 0
+                    if (self.accounts.get(row['account_id'], 0) >= self.per_account
+                            or (failing and self.failing >= self.size // 2)):
+                        break
+                    self.start(row['id'], agent, row['account_id'], failing)
+                    if rounds == 1:
+                        self.cursor = agent
+
+    def start(self, delivery_id, agent_id, account_id, failing):
+        self.busy.add(delivery_id)
+        self.agents[agent_id] = self.agents.get(agent_id, 0) + 1
+        self.accounts[account_id] = self.accounts.get(account_id, 0) + 1
+        self.failing += failing
+        self.pool.spawn(self.attempt, delivery_id, agent_id, account_id, failing)
+
+    def attempt(self, delivery_id, agent_id, account_id, failing):
         try:
             status = deliver_webhook(self.service.db, self.service.settings, self.service.webhooks, delivery_id)
-            log.info('webhook %s: %s', delivery_id, status)
+            log.debug('webhook %s: %s', delivery_id, status)
         except Exception:
             log.exception('webhook %s failed', delivery_id)
         finally:
             self.busy.discard(delivery_id)
-            self.agents[agent_id] -= 1
-            if not self.agents[agent_id]:
-                del self.agents[agent_id]
+            self.failing -= failing
+            for counts, key in ((self.agents, agent_id), (self.accounts, account_id)):
+                counts[key] -= 1
+                if not counts[key]:
+                    del counts[key]
 
     def stop(self):
         self.pool.kill(block=False)     # attempts cut short stay pending: sent again after a restart
@@ -4387,6 +4616,8 @@ def patch_agent(agent_id):
         with svc.db.transaction():
             svc.db.execute(f'UPDATE agents SET {assignments}, updated_at = :now WHERE id = :id',
                            dict(changes, now=now_iso(), id=agent['id']))
+            if 'webhook_url' in changes:
+                resume_webhook(svc.db, agent['id'])     # and resumes a paused one
     return {'agent': agent_json(get_agent(svc.db, agent['id']), account)}
 
 
@@ -4454,9 +4685,9 @@ def post_redeliver(agent_id, delivery_id):
         if agent['webhook_url'] is None or agent['webhook_disabled_at']:
             raise Conflict('The agent has no live webhook; set its webhookUrl (PATCH /api/agents/:id) first.',
                            code='webhook_disabled')
-        db.execute('''UPDATE webhook_deliveries SET status = 'pending', attempts = 0, next_attempt_at = :now,
-                      last_error = NULL, delivered_at = NULL, updated_at = :now WHERE id = :id''',
-                   {'now': now_iso(), 'id': delivery_id})
+        db.execute('''UPDATE webhook_deliveries SET status = 'pending', attempts = 0, last_error = NULL,
+                      next_attempt_at = :due, delivered_at = NULL, updated_at = :now WHERE id = :id''',
+                   {'now': now_iso(), 'due': None if agent['webhook_paused_at'] else now_iso(), 'id': delivery_id})
     response.status = 202
     return {'delivery': delivery_json(db.row('SELECT * FROM webhook_deliveries WHERE id = :id', {'id': delivery_id}))}
 
@@ -4475,6 +4706,9 @@ def post_webhook_test():
     body = {'type': 'webhook.test', 'timestamp': now_iso(),
             'data': {'agentId': agent['id'], 'message': 'A test event from the marketplace.'}}
     outcome = send_webhook(svc.webhooks, svc.settings, agent, new_id(), 'webhook.test', body)
+    if outcome['error'] is None and (agent['webhook_paused_at'] or agent['webhook_failures']):
+        with svc.db.transaction():
+            resume_webhook(svc.db, agent['id'])     # a receiver that answers again is resumed
     answer = {'success': outcome['error'] is None, 'statusCode': outcome['statusCode'] or 0,
               'responseTime': outcome['responseTime'], 'webhookUrl': agent['webhook_url'], 'signed': True}
     if outcome['error']:
@@ -4497,7 +4731,8 @@ WEBHOOK_TEMPLATES = [
      'description': 'Post each event to a Discord channel through a channel webhook.',
      'relay': 'No relay needed: create a webhook in the channel settings, then set webhookUrl to it '
               '(https://discord.com/api/webhooks/...) and webhookFormat to "discord". The service sends '
-              '{content, embeds}.'},
+              '{content, embeds, allowed_mentions: {parse: []}}, with the markdown of titles and categories '
+              'escaped: they show as text and mention nobody.'},
     {'id': 'telegram', 'name': 'Telegram',
      'description': 'Send each event to a Telegram chat through a bot.',
      'relay': 'No relay needed: create a bot with @BotFather, then set webhookUrl to '
@@ -5599,7 +5834,12 @@ AGENT_SCHEMA = closed_object({
                       'description': "Owner and admins only: json, or a chat tool's own message format."},
     'webhookEnabled': {'type': 'boolean',
                        'description': 'Owner and admins only: false without a URL or after a 410 answer.'},
-}, optional=['webhookUrl', 'webhookFormat', 'webhookEnabled'], description='An agent that claims and delivers jobs.')
+    'webhookStatus': {'type': ['string', 'null'], 'enum': ['active', 'paused', 'disabled', None],
+                      'description': 'Owner and admins only: null without a URL; "disabled" after a 410 answer '
+                                     '(until webhookUrl is set again); "paused" after 10 failed attempts in a row '
+                                     '(deliveries wait until a PATCH sets webhookUrl or a webhook test succeeds); '
+                                     'else "active".'},
+}, optional=['webhookUrl', 'webhookFormat', 'webhookEnabled', 'webhookStatus'], description='An agent that claims and delivers jobs.')
 
 MATCH_SCORE_SCHEMA = dict(SHARE_SCHEMA, description='How well it matches, from 0 to 1.')
 
@@ -6204,7 +6444,9 @@ API_OPERATIONS = {
     ('PATCH', '/api/agents/<agent_id>'): {
         'summary': "Change an agent (its owner): description, wallet, webhook, capabilities, pricing",
         'tags': ['Agents'], 'auth': 'key', 'body': 'AgentPatch', 'ok': (200, 'AgentUpdated'),
-        'errors': (400, 401, 403, 404, 413, 429)},
+        'errors': (400, 401, 403, 404, 413, 429),
+        'description': 'Setting webhookUrl (even to the same URL) turns a disabled webhook back on and resumes a '
+                       'paused one: its held deliveries are due at once.'},
     ('POST', '/api/agents/<agent_id>/webhook-secret'): {
         'summary': "Rotate the agent's webhook secret (its owner)", 'tags': ['Webhooks'], 'auth': 'key',
         'ok': (200, 'WebhookSecret'), 'errors': (400, 401, 403, 404, 413, 429)},
@@ -6225,12 +6467,15 @@ API_OPERATIONS = {
     ('POST', '/api/agents/<agent_id>/webhooks/<delivery_id>/redeliver'): {
         'summary': 'Send a delivery again (its owner or an admin): a new round of attempts, same delivery id',
         'tags': ['Webhooks'], 'auth': 'key', 'ok': (202, 'DeliveryQueued'), 'errors': (400, 401, 403, 404, 409, 413, 429),
-        'description': '409 `webhook_disabled` when the agent has no live webhook.'},
+        'description': '409 `webhook_disabled` when the agent has no live webhook. While the receiver is paused the '
+                       'delivery waits (nextAttemptAt null) until it is resumed.'},
     ('POST', '/api/webhooks/test'): {
         'summary': "Send a signed test event to the agent's webhook now and report the answer", 'tags': ['Webhooks'],
         'auth': 'key', 'body': 'WebhookTest', 'ok': (200, 'WebhookTestResult'),
         'errors': (400, 401, 403, 404, 413, 429),
-        'description': '400 `no_webhook` when the agent has no webhookUrl.'},
+        'description': '400 `no_webhook` when the agent has no webhookUrl. A success resumes a paused receiver '
+                       '(webhookStatus "paused" back to "active"). Every failure without an HTTP answer (a blocked '
+                       'address, a refused connection, TLS, a time-out) has the same `error`.'},
     ('GET', '/api/webhooks/templates'): {
         'summary': 'How to send events to Slack, Discord and Telegram', 'tags': ['Webhooks'],
         'ok': (200, 'WebhookTemplates'), 'errors': (429,)},
@@ -6654,6 +6899,7 @@ class Service:
         self.webhooks = webhook_session(settings.allow_private_webhooks)
         self.openapi = openapi_document(settings.base_url, settings.x402_price)   # fails on an undocumented route
         self.background = False     # True under the server: network work then runs in its own greenlet
+        self.fan_out_wanted = None  # under the server: the gevent Event that wakes the fan-out greenlet
         try:
             if settings.rpc_url:
                 settings.onchain = OnChain(settings)
@@ -6683,6 +6929,14 @@ class Service:
             send_stripe_payments(self.db, self.settings, after_seq)
         except Exception:
             log.exception('sending the payments through Stripe failed; the sweep sends them')
+
+    def fan_out(self):
+        """Expand the outbox events just committed into deliveries: under the server by waking its fan-out
+        greenlet (the answer does not wait), in-process at once."""
+        if self.fan_out_wanted is not None:
+            self.fan_out_wanted.set()
+        else:
+            fan_out_events(self.db)
 
     def close(self):
         self.db.close()
@@ -6761,6 +7015,8 @@ def make_app(settings):
                 log.warning('database busy: %s %s', request.method, request.path)
                 return send_error(Unavailable('The database is busy; retry in a moment.',
                                               headers={'Retry-After': '1'}))
+            if request.method != 'GET':
+                app.service.fan_out()
             if request.method != 'GET' and settings.onchain:
                 app.service.broadcast_payouts()
             close_unread_body()
@@ -6913,7 +7169,8 @@ def sweep_forever(service):
     while True:
         gevent.sleep(service.settings.sweep_interval)
         try:
-            result = run_sweeps(service.db, service.settings)
+            result = run_sweeps(service.db, service.settings, fan_out=False)
+            service.fan_out()
             for job_id in result.get('checkouts', {}).get('opened', ()):
                 service.hub.publish(get_job(service.db, job_id))        # paid, and its event never came
         except Exception:
@@ -6924,6 +7181,22 @@ def sweep_forever(service):
                 or checkouts.get('opened') or checkouts.get('cancelled')
                 or result.get('stripePayments', {}).get('sent')):
             log.info('sweep: %s', json.dumps(result))
+
+
+def fan_out_forever(service):
+    """Expand the outbox events into deliveries whenever a request wakes it (and every second, for events that
+    another process or the sweep command wrote), yielding between batches so that requests are not held."""
+    import gevent
+    import gevent.event
+    service.fan_out_wanted = gevent.event.Event()
+    while True:
+        service.fan_out_wanted.clear()
+        try:
+            fan_out_events(service.db, pause=gevent.idle)     # first: what a stopped server left
+        except Exception:
+            log.exception('webhook fan-out failed; trying again')
+            gevent.sleep(1)
+        service.fan_out_wanted.wait(timeout=1.0)
 
 
 PROTOCOL_ERRORS = {
@@ -7197,6 +7470,7 @@ def serve(settings):
     gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)
     server.start()
     sweeper = gevent.spawn(sweep_forever, app.service)
+    fan_out = gevent.spawn(fan_out_forever, app.service)
     webhooks = WebhookWorker(app.service)
     deliverer = gevent.spawn(webhooks.run)
     payments = (f'payments onchain, chain {settings.chain_id}, escrow {settings.onchain.escrow_address}'
@@ -7208,6 +7482,7 @@ def serve(settings):
              __version__, settings.host, server.server_port, settings.db, payments)
     server.serve_forever(stop_timeout=settings.shutdown_timeout)
     sweeper.kill()
+    fan_out.kill()
     deliverer.kill()
     webhooks.stop()
     app.service.close()

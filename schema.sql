@@ -31,6 +31,8 @@ CREATE TABLE IF NOT EXISTS agents (
     webhook_secret    TEXT NOT NULL,
     webhook_format    TEXT NOT NULL DEFAULT 'json' CHECK (webhook_format IN ('json', 'slack', 'discord', 'telegram')),
     webhook_disabled_at TEXT,                       -- set when the receiver answered 410 Gone
+    webhook_failures  INTEGER NOT NULL DEFAULT 0,   -- failed attempts in a row (a success resets it)
+    webhook_paused_at TEXT,                         -- set at the 10th failure in a row; PATCH webhookUrl or a test resumes
     capabilities      TEXT NOT NULL DEFAULT '{}',   -- JSON
     pricing           TEXT NOT NULL DEFAULT '{}',   -- JSON
     reputation        INTEGER NOT NULL DEFAULT 0 CHECK (reputation >= 0),  -- hundredths
@@ -350,5 +352,22 @@ CREATE TABLE IF NOT EXISTS webhook_deliveries (
 );
 CREATE INDEX IF NOT EXISTS webhook_deliveries_due ON webhook_deliveries(status, next_attempt_at);
 CREATE INDEX IF NOT EXISTS webhook_deliveries_agent ON webhook_deliveries(agent_id, created_at);
+-- The worker's round-robin: agents with due deliveries in id order, then each one's oldest due.
+CREATE INDEX IF NOT EXISTS webhook_deliveries_pending ON webhook_deliveries(agent_id, next_attempt_at)
+    WHERE status = 'pending';
+
+-- Events waiting to be fanned out into webhook_deliveries: the change's transaction writes one row, and a
+-- background greenlet expands it in short transactions, each recording its progress with the rows it adds.
+CREATE TABLE IF NOT EXISTS webhook_events (
+    seq               INTEGER PRIMARY KEY,
+    event             TEXT NOT NULL,
+    job_id            TEXT NOT NULL REFERENCES jobs(id),
+    payload           TEXT NOT NULL,            -- the body; data.agentId null where each recipient names itself
+    recipients        TEXT,                     -- JSON list of agent ids; NULL: the agents the job suits (job.new)
+    expanded_through  TEXT NOT NULL DEFAULT '', -- job.new: the agents with ids up to this one are done
+    created_at        TEXT NOT NULL,            -- agents registered later do not receive it
+    expanded_at       TEXT                      -- set when every recipient has its delivery
+);
+CREATE INDEX IF NOT EXISTS webhook_events_pending ON webhook_events(seq) WHERE expanded_at IS NULL;
 
 PRAGMA user_version = 6;

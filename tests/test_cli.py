@@ -470,7 +470,9 @@ def version_4_demo(path):
     conn.execute('PRAGMA foreign_keys = ON')
     conn.execute('BEGIN')
     version = next(conn.execute('PRAGMA schema_version'))[0]
-    conn.execute("""DROP TABLE stripe_events; DROP INDEX agents_stripe_account;
+    conn.execute("""DROP TABLE webhook_events; DROP INDEX webhook_deliveries_pending;
+        ALTER TABLE agents DROP COLUMN webhook_failures; ALTER TABLE agents DROP COLUMN webhook_paused_at;
+        DROP TABLE stripe_events; DROP INDEX agents_stripe_account;
         ALTER TABLE jobs DROP COLUMN stripe_session_id; ALTER TABLE jobs DROP COLUMN checkout_url;
         ALTER TABLE jobs DROP COLUMN checkout_expires_at; ALTER TABLE jobs DROP COLUMN payment_intent;
         ALTER TABLE jobs DROP COLUMN stripe_charge; ALTER TABLE payments DROP COLUMN reference;
@@ -636,7 +638,9 @@ def test_a_version_5_database_keeps_the_hashes_of_its_signed_payouts(tmp_path):
     with db.transaction():
         db.conn.execute('''DROP TRIGGER payments_signed; DROP TRIGGER payments_resigned;
                            DROP TRIGGER x402_payments_signed; DROP TRIGGER x402_payments_resigned;
-                           DROP TABLE signed_transactions; PRAGMA user_version = 5;''')
+                           DROP TABLE signed_transactions; DROP TABLE webhook_events;
+                           DROP INDEX webhook_deliveries_pending; ALTER TABLE agents DROP COLUMN webhook_failures;
+                           ALTER TABLE agents DROP COLUMN webhook_paused_at; PRAGMA user_version = 5;''')
         db.insert('payments', {'id': 'p1', 'job_id': job, 'type': 'refund', 'amount': 0, 'currency': 'USDC',
                                'rail': 'base', 'status': 'pending', 'recipient': '0x' + '1' * 40,
                                'tx_hash': '0x' + 'ab' * 32, 'raw_tx': '0x02f8', 'nonce': 4,

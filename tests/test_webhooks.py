@@ -12,6 +12,7 @@ import hmac
 import html
 import json
 import re
+import socket
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -614,8 +615,7 @@ def test_a_slow_receiver_times_out_and_is_retried(client, app, settings, request
     assert time.monotonic() - started < 1.5
     after = delivery(app, row['id'])
     assert (after['attempts'], after['last_status_code']) == (1, None)
-    assert after['last_error'].startswith('no answer within')
-    assert after['last_error'] == 'no answer within 0.5 s'
+    assert after['last_error'] == 'no HTTP answer (could not connect, or no answer in time)'      # the one error of every attempt without an answer
     assert after['next_attempt_at'] is not None
     assert attempt(app, row['id']) == 'delivered'           # the script is spent: 200 at once
     assert delivery(app, row['id'])['attempts'] == 2
@@ -628,7 +628,7 @@ def test_a_refused_connection_is_retried(client, app, requester):
     row = only_row(outbox(app, 'job.new', agent=agent))
     assert attempt(app, row['id']) == 'pending'
     after = delivery(app, row['id'])
-    assert (after['attempts'], after['last_status_code'], after['last_error']) == (1, None, 'could not connect')
+    assert (after['attempts'], after['last_status_code'], after['last_error']) == (1, None, 'no HTTP answer (could not connect, or no answer in time)')
 
 
 # Chat formats -------------------------------------------------------------------------------
@@ -668,10 +668,12 @@ def test_chat_formats_are_each_tools_own_body_and_signed(client, app, requester,
             assert '<b>' not in text
             assert '& ' not in text
     elif webhook_format == 'discord':
-        assert set(sent) == {'content', 'embeds'}
-        assert sent['content'] == f'New job: {TRICKY_TITLE}'          # Discord shows text as is: no entities
+        assert set(sent) == {'content', 'embeds', 'allowed_mentions'}
+        assert sent['allowed_mentions'] == {'parse': []}
+        shown = r'Fix \<b\>& "quotes" bug'          # markdown escaped with backslashes, no HTML entities
+        assert sent['content'] == f'New job: {shown}'
         embed = only_row(sent['embeds'])
-        assert embed['title'] == TRICKY_TITLE
+        assert embed['title'] == shown
         assert embed['url'] == job_url
         assert '30.00 USDC' in embed['description']
         assert '&lt;' not in raw.decode() and '&amp;' not in raw.decode()
@@ -785,7 +787,7 @@ def test_send_time_check_blocks_a_private_address(receiver):
     agent = {'webhook_url': receiver.url, 'webhook_format': 'json', 'webhook_secret': mp.new_webhook_secret()}
     outcome = mp.send_webhook(session, settings, agent, mp.new_id(), 'job.new', mp.SAMPLE_EVENT)
     assert outcome['statusCode'] is None
-    assert outcome['error'].startswith('blocked')
+    assert outcome['error'] == 'no HTTP answer (could not connect, or no answer in time)'      # as a closed port reads: no oracle
     assert isinstance(outcome['responseTime'], float)
     assert receiver.requests == []
     # The same call with private addresses allowed reaches it: the check, not the receiver, stopped it.
@@ -810,7 +812,7 @@ def test_an_address_that_turns_private_is_blocked_when_sent(strict, receiver):
     after = delivery(app, row['id'])
     assert after['attempts'] == 1
     assert after['last_status_code'] is None
-    assert after['last_error'].startswith('blocked')
+    assert after['last_error'] == 'no HTTP answer (could not connect, or no answer in time)'
     assert after['status'] != 'delivered'
     assert receiver.requests == []
 
@@ -1119,7 +1121,7 @@ def test_webhook_templates(client):
         assert template['example'] == mp.chat_message(mp.SAMPLE_EVENT, template['id'])
     slack, discord, telegram = (t['example'] for t in templates)
     assert set(slack) == {'text', 'blocks'}
-    assert set(discord) == {'content', 'embeds'}
+    assert set(discord) == {'content', 'embeds', 'allowed_mentions'}
     assert telegram['parse_mode'] == 'HTML' and 'Fix the flaky test' in telegram['text']
 
 
@@ -1153,3 +1155,287 @@ def test_no_get_shows_a_webhook_secret(client, app, requester, hooked, receiver)
             assert 'webhookSecret' not in text or path == '/api/openapi.json'
     assert seen == len(paths) * 3 - 1
     assert rotated not in json.dumps(tested.json)
+
+
+# Under abuse (CONTRACT.md 19): the fan-out, the pause, one error, pinned addresses, escaped chat ----------
+
+UNREACHABLE = 'no HTTP answer (could not connect, or no answer in time)'
+
+
+def test_the_request_writes_one_event_and_the_fan_out_makes_the_deliveries(client, app, requester):
+    """In-process the fan-out runs after each request; the request's own transaction wrote one webhook_events row."""
+    _, requester_key = requester
+    hooked_agents = [worker(client, f'w{i}', f'https://hooks.example.com/{i}')[2] for i in range(3)]
+    job = make_job(client, requester_key)
+    events = app.service.db.rows('SELECT * FROM webhook_events WHERE job_id = :id', {'id': job['id']})
+    assert [(e['event'], e['recipients'], e['expanded_at'] is not None) for e in events] == [('job.new', None, True)]
+    assert recipients(outbox(app, 'job.new', job=job)) == sorted(a['id'] for a in hooked_agents)
+
+
+def test_the_fan_out_is_exactly_once_across_a_crash_and_skips_later_agents(client, app, requester, monkeypatch):
+    _, requester_key = requester
+    hooked_agents = [worker(client, f'w{i}', f'https://hooks.example.com/{i}')[2] for i in range(7)]
+    monkeypatch.setattr(app.service, 'fan_out', lambda: None)        # the fan-out waits: it runs below
+    job = make_job(client, requester_key)
+    assert outbox(app, 'job.new', job=job) == []
+    mp.CLOCK.advance(milliseconds=5)
+    late = worker(client, 'late', 'https://hooks.example.com/late')[2]        # registered after the post
+    real_add, calls = mp.add_deliveries, []
+
+    def add_then_crash(db, event, wanted):
+        calls.append(len(wanted))
+        real_add(db, event, wanted)
+        if len(calls) == 2:
+            raise RuntimeError('crash in the second batch')
+
+    monkeypatch.setattr(mp, 'add_deliveries', add_then_crash)
+    assert mp.fan_out_step(app.service.db, batch=3) is True                 # agents 1-3
+    with pytest.raises(RuntimeError):
+        mp.fan_out_step(app.service.db, batch=3)                            # 4-6, rolled back with its progress
+    assert len(outbox(app, 'job.new', job=job)) == 3
+    monkeypatch.setattr(mp, 'add_deliveries', real_add)
+    assert mp.fan_out_events(app.service.db, batch=3) == 3                  # 4-6, 7, then the end (none left)
+    rows = outbox(app, 'job.new', job=job)
+    assert recipients(rows) == sorted(a['id'] for a in hooked_agents)       # each once; not the late agent
+    assert late['id'] not in {row['agent_id'] for row in rows}
+    assert mp.fan_out_events(app.service.db) == 0
+
+
+def fail_in_a_row(app, agent, times):
+    """`times` attempts at the agent's pending deliveries, the least tried first, each made due at once."""
+    for _ in range(times):
+        row = app.service.db.row('''SELECT id FROM webhook_deliveries WHERE agent_id = :id AND status = 'pending'
+                                    ORDER BY attempts, rowid LIMIT 1''', {'id': agent['id']})
+        app.service.db.execute('UPDATE webhook_deliveries SET next_attempt_at = :now WHERE id = :id',
+                               {'now': mp.now_iso(), 'id': row['id']})
+        attempt(app, row['id'])
+
+
+def test_ten_failures_in_a_row_pause_the_receiver_and_a_patch_resumes_it(client, app, requester, hooked, receiver):
+    _, requester_key = requester
+    _, key, agent, _ = hooked
+    assert owner_view(client, agent, key)['webhookStatus'] == 'active'
+    for _ in range(3):
+        make_job(client, requester_key)                     # three deliveries pending
+    receiver.script = [(500, {}, 0)] * 10
+    fail_in_a_row(app, agent, 9)
+    assert owner_view(client, agent, key)['webhookStatus'] == 'active'
+    fail_in_a_row(app, agent, 1)                            # the 10th in a row, across the three deliveries
+    shown = owner_view(client, agent, key)
+    assert (shown['webhookStatus'], shown['webhookEnabled']) == ('paused', True)
+    assert len(receiver.requests) == 10
+    held = outbox(app, agent=agent)
+    assert [(row['status'], row['next_attempt_at']) for row in held] == [('pending', None)] * 3
+    assert sum(row['attempts'] for row in held) == 10
+
+    # Paused: a new event waits too, and an attempt started anyway sends nothing.
+    make_job(client, requester_key)
+    newest = outbox(app, agent=agent)[-1]
+    assert (newest['status'], newest['next_attempt_at']) == ('pending', None)
+    assert attempt(app, newest['id']) == 'pending'
+    assert len(receiver.requests) == 10
+    assert delivery(app, newest['id'])['attempts'] == 0
+
+    # The owner sets the URL again (the same one): active, and the four are due now and delivered.
+    answer = client.patch(f'/api/agents/{agent["id"]}', {'webhookUrl': receiver.url}, key=key)
+    assert answer.status == 200, answer
+    assert answer.json['agent']['webhookStatus'] == 'active'
+    rows = outbox(app, agent=agent)
+    assert all(row['next_attempt_at'] is not None and row['next_attempt_at'] <= mp.now_iso() for row in rows)
+    assert [attempt(app, row['id']) for row in rows] == ['delivered'] * 4
+
+
+def test_a_success_resets_the_count_and_a_successful_test_resumes(client, app, requester, hooked, receiver):
+    _, requester_key = requester
+    _, key, agent, _ = hooked
+    for _ in range(4):
+        make_job(client, requester_key)
+    receiver.script = [(500, {}, 0)] * 9 + [(200, {}, 0)] + [(503, {}, 0)] * 9
+    fail_in_a_row(app, agent, 10)                           # 9 failures, then a success: the count is back to 0
+    fail_in_a_row(app, agent, 9)                            # 9 more: still not 10 in a row
+    assert app.service.db.value('SELECT webhook_failures FROM agents WHERE id = :id', {'id': agent['id']}) == 9
+    assert owner_view(client, agent, key)['webhookStatus'] == 'active'
+    receiver.script = [(500, {}, 0)] * 2
+    fail_in_a_row(app, agent, 1)
+    assert owner_view(client, agent, key)['webhookStatus'] == 'paused'
+
+    # A failed test leaves it paused (and does not count); a successful one resumes it.
+    answer = client.post('/api/webhooks/test', {'agentId': agent['id']}, key=key)
+    assert (answer.status, answer.json['success']) == (200, False)
+    assert owner_view(client, agent, key)['webhookStatus'] == 'paused'
+    answer = client.post('/api/webhooks/test', {'agentId': agent['id']}, key=key)
+    assert (answer.status, answer.json['success']) == (200, True)
+    assert owner_view(client, agent, key)['webhookStatus'] == 'active'
+    assert app.service.db.value('SELECT webhook_failures FROM agents WHERE id = :id', {'id': agent['id']}) == 0
+    waiting = [row for row in outbox(app, agent=agent) if row['status'] == 'pending']
+    assert len(waiting) == 3 and all(row['next_attempt_at'] is not None for row in waiting)     # due again
+
+
+def test_webhook_status_values(client, app, hooked):
+    _, key, agent, _ = hooked
+    assert owner_view(client, agent, key)['webhookStatus'] == 'active'
+    app.service.db.execute('UPDATE agents SET webhook_disabled_at = :now WHERE id = :id',
+                           {'now': mp.now_iso(), 'id': agent['id']})
+    assert owner_view(client, agent, key)['webhookStatus'] == 'disabled'
+    answer = client.patch(f'/api/agents/{agent["id"]}', {'webhookUrl': None}, key=key)
+    assert answer.json['agent']['webhookStatus'] is None
+    assert 'webhookStatus' not in client.get(f'/api/agents/{agent["id"]}').json['agent']      # owner only
+
+
+def test_a_closed_port_and_a_blocked_address_read_the_same(strict, client, receiver):
+    """No port-scan oracle: the delivery log and the test answer say the same for both."""
+    closed = {'webhook_url': f'http://127.0.0.1:{free_port()}/hook', 'webhook_format': 'json',
+              'webhook_secret': mp.new_webhook_secret()}
+    blocked = dict(closed, webhook_url=receiver.url)
+    settings = mp.Settings(webhook_timeout=5.0)
+    refused = mp.send_webhook(mp.webhook_session(True), settings, closed, mp.new_id(), 'job.new', mp.SAMPLE_EVENT)
+    stopped = mp.send_webhook(mp.webhook_session(False), settings, blocked, mp.new_id(), 'job.new', mp.SAMPLE_EVENT)
+    assert (refused['statusCode'], refused['error']) == (None, UNREACHABLE)
+    assert (stopped['statusCode'], stopped['error']) == (None, UNREACHABLE)
+    assert receiver.requests == []
+
+    # Through the API: the test answer of a strict server for an agent whose name now points at loopback.
+    app, strict_client, key = strict
+    answer = strict_client.post('/api/agents', {'name': 'a', 'walletAddress': '0x' + '1' * 40,
+                                                'webhookUrl': 'http://93.184.215.14/h'}, key=key)
+    agent = answer.json['agent']
+    app.service.db.execute('UPDATE agents SET webhook_url = :url WHERE id = :id', {'url': receiver.url, 'id': agent['id']})
+    answer = strict_client.post('/api/webhooks/test', {'agentId': agent['id']}, key=key)
+    assert (answer.json['success'], answer.json['statusCode'], answer.json['error']) == (False, 0, UNREACHABLE)
+
+
+def fake_resolver(monkeypatch, answers):
+    """Patch socket.getaddrinfo: each call answers the next address of `answers`; the names asked, in order."""
+    asked, answers = [], iter(answers)
+
+    def resolve(host, port, *args, **kwargs):
+        asked.append(host)
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, '', (next(answers), port))]
+
+    monkeypatch.setattr(socket, 'getaddrinfo', resolve)
+    return asked
+
+
+def test_the_connection_goes_to_the_address_checked(monkeypatch, receiver):
+    """DNS rebinding: a name that answers an allowed address to the check and loopback afterwards never reaches
+    loopback. 127.0.0.2 stands for the public address (so no packet leaves this machine): nothing listens there."""
+    asked = fake_resolver(monkeypatch, ['127.0.0.2', '127.0.0.1', '127.0.0.1'])
+    monkeypatch.setattr(mp, 'is_public_address', lambda address: address == '127.0.0.2')
+    port = receiver.server.server_address[1]
+    agent = {'id': 'a', 'webhook_url': f'http://rebind.test:{port}/hook', 'webhook_format': 'json',
+             'webhook_secret': mp.new_webhook_secret()}
+    outcome = mp.send_webhook(mp.webhook_session(False), mp.Settings(webhook_timeout=5.0), agent, mp.new_id(),
+                              'job.new', mp.SAMPLE_EVENT)
+    assert asked == ['rebind.test']                     # resolved once, never again
+    assert (outcome['statusCode'], outcome['error']) == (None, UNREACHABLE)     # 127.0.0.2 refused it
+    assert receiver.requests == []
+
+
+def test_a_pinned_connection_keeps_the_name_in_the_host_header(monkeypatch, receiver):
+    asked = fake_resolver(monkeypatch, ['127.0.0.1'])
+    port = receiver.server.server_address[1]
+    agent = {'id': 'a', 'webhook_url': f'http://hooks.example.test:{port}/hook?x=1', 'webhook_format': 'json',
+             'webhook_secret': mp.new_webhook_secret()}
+    outcome = mp.send_webhook(mp.webhook_session(True), mp.Settings(webhook_timeout=5.0), agent, mp.new_id(),
+                              'job.new', mp.SAMPLE_EVENT)
+    assert (outcome['statusCode'], outcome['error']) == (200, None)
+    request = only_row(receiver.wait_for(1))
+    assert (header(request, 'Host'), request['path']) == (f'hooks.example.test:{port}', '/hook?x=1')
+    assert asked == ['hooks.example.test']
+
+
+def test_a_name_with_one_private_address_among_public_ones_is_blocked(monkeypatch, receiver):
+    def resolve(host, port, *args, **kwargs):
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, '', (address, port))
+                for address in ('93.184.215.14', '127.0.0.1')]
+
+    monkeypatch.setattr(socket, 'getaddrinfo', resolve)
+    agent = {'id': 'a', 'webhook_url': 'http://mixed.test/hook', 'webhook_format': 'json',
+             'webhook_secret': mp.new_webhook_secret()}
+    outcome = mp.send_webhook(mp.webhook_session(False), mp.Settings(webhook_timeout=5.0), agent, mp.new_id(),
+                              'job.new', mp.SAMPLE_EVENT)
+    assert (outcome['statusCode'], outcome['error']) == (None, UNREACHABLE)
+
+
+HOSTILE = dict(mp.SAMPLE_EVENT, data=dict(mp.SAMPLE_EVENT['data'],
+                                          title='[click](https://evil.example) @everyone <!channel> <@123> **#1**',
+                                          category='code_~|>`-'))
+
+
+def test_discord_shows_user_text_as_text_and_pings_nobody():
+    sent = mp.chat_message(HOSTILE, 'discord')
+    assert sent['allowed_mentions'] == {'parse': []}
+    title = (r'\[click\]\(https://evil.example\) @' '\u200b' r'everyone \<!channel\> \<@' '\u200b'
+             r'123\> \*\*\#1\*\*')
+    assert sent['content'] == f'New job: {title}'
+    embed = only_row(sent['embeds'])
+    assert embed['title'] == title
+    assert embed['url'] == HOSTILE['data']['jobUrl']
+    assert embed['description'] == r'New job · 25.00 USDC · code\_\~\|\>\`\- · open'
+    assert '](' not in sent['content'] and '@everyone' not in json.dumps(sent)
+
+
+def test_slack_and_telegram_escapes_hold():
+    slack = mp.chat_message(HOSTILE, 'slack')
+    escaped = '[click](https://evil.example) @everyone &lt;!channel&gt; &lt;@123&gt; **#1**'
+    assert slack['text'].startswith(f'New job: {escaped} (')
+    assert f'|{escaped}>' in slack['blocks'][0]['text']['text']
+    assert '<!channel>' not in json.dumps(slack) and '<@123>' not in json.dumps(slack)
+    telegram = mp.chat_message(HOSTILE, 'telegram')
+    assert f'>{escaped}</a>' in telegram['text']
+    assert telegram['text'].count('<a ') == 1 and '<!channel>' not in telegram['text']
+
+
+class HeldPool:
+    """Stands in for the worker's gevent pool: records what it is asked to start and runs nothing."""
+
+    def __init__(self, size):
+        self.size, self.started = size, []
+
+    def free_count(self):
+        return self.size - len(self.started)
+
+    def spawn(self, function, delivery_id, agent_id, account_id, failing):
+        self.started.append(agent_id)
+
+
+def held_worker(app, size):
+    worker_ = mp.WebhookWorker(app.service, concurrency=size)
+    worker_.pool = HeldPool(size)
+    return worker_
+
+
+def test_the_worker_takes_agents_round_robin_within_the_caps(client, app, requester, monkeypatch):
+    """Fifty due deliveries of one agent, older than everyone's, do not starve the others; 4 per agent, 8 per
+    account; receivers that have been failing get half the pool."""
+    _, requester_key = requester
+    _, flood_key, flood, _ = worker(client, 'flood', 'https://hooks.example.com/flood')
+    others = [worker(client, f'other{i}', f'https://hooks.example.com/{i}')[2] for i in range(3)]
+    for _ in range(50):
+        make_job(client, requester_key)
+    app.service.db.execute('''UPDATE webhook_deliveries SET next_attempt_at = '2000-01-01T00:00:00.000Z'
+                              WHERE agent_id = :id''', {'id': flood['id']})        # the flood is the oldest
+    held = held_worker(app, 4)
+    held.start_due()
+    assert sorted(held.pool.started) == sorted([flood['id']] + [a['id'] for a in others])     # one each first
+
+    held = held_worker(app, 100)
+    held.start_due()
+    assert {agent: held.pool.started.count(agent) for agent in set(held.pool.started)} == {
+        agent['id']: 4 for agent in [flood] + others}                                   # then up to 4 each
+
+    # One account with three agents: 8 in flight at most, across them.
+    more = [make_agent(client, flood_key, name=f'flood{i}', webhookUrl=f'https://hooks.example.com/f{i}')[0]
+            for i in range(2)]
+    make_job(client, requester_key)
+    make_job(client, requester_key)
+    held = held_worker(app, 100)
+    held.start_due()
+    fleet = {flood['id']} | {agent['id'] for agent in more}
+    assert sum(agent in fleet for agent in held.pool.started) == 8
+
+    # Failing receivers (the last attempt failed) share half the pool: 10 slots, 5 for them.
+    app.service.db.execute('UPDATE agents SET webhook_failures = 3')
+    held = held_worker(app, 10)
+    held.start_due()
+    assert len(held.pool.started) == 5

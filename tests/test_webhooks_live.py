@@ -314,8 +314,11 @@ def test_pending_deliveries_survive_sigkill(tmp_path, receiver):
         sent_before_kill = {header(r, 'X-Service-Delivery') for r in receiver.requests}
 
         restarted = start(path, *PRIVATE, *FAST_RETRIES)
-        last_id = next(d['id'] for d in delivery_log(restarted, agent['id'], key)['deliveries']
-                       if d['payload']['data']['jobId'] == last['id'])
+        def last_delivery():        # its event may still wait for the fan-out (in the background) after the kill
+            return next((d['id'] for d in delivery_log(restarted, agent['id'], key)['deliveries']
+                         if d['payload']['data']['jobId'] == last['id']), None)
+
+        last_id = wait_until(last_delivery, timeout=5, what="the last job's delivery")
         assert last_id not in pending_ids
         if last_id in sent_before_kill:
             pending_ids.add(last_id)        # it was tried (and failed) before the kill: then it is pending too
@@ -491,14 +494,14 @@ def test_a_hanging_receiver_never_slows_the_api(tmp_path, receiver):
         assert answer.status_code == 200, answer.text
         result = answer.json()
         assert result == {'success': False, 'statusCode': 0, 'responseTime': result['responseTime'],
-                          'webhookUrl': receiver.url, 'signed': True, 'error': 'no answer within 3 s'}
+                          'webhookUrl': receiver.url, 'signed': True, 'error': 'no HTTP answer (could not connect, or no answer in time)'}
         assert 2900 <= result['responseTime'] < 4500
         assert 2.9 <= outcome['seconds'] < 5.0
 
         # The hanging deliveries were cut off at the timeout and wait for a retry.
         def timed_out():
             log = delivery_log(server, agent['id'], key)
-            return [d for d in log['deliveries'] if d['lastError'] == 'no answer within 3 s']
+            return [d for d in log['deliveries'] if d['lastError'] == 'no HTTP answer (could not connect, or no answer in time)']
 
         cut = wait_until(timed_out, timeout=5, what='a delivery timing out')
         assert all(d['status'] == 'pending' and d['lastStatusCode'] is None for d in cut)
@@ -545,12 +548,12 @@ def test_private_webhook_urls_are_refused_and_blocked_without_the_flag(tmp_path,
         assert entry['payload']['data']['jobId'] == job['id']
         assert entry['status'] == 'pending'          # retried later, in case the address changes
         assert entry['lastStatusCode'] is None
-        assert entry['lastError'].startswith('blocked'), entry
+        assert entry['lastError'] == 'no HTTP answer (could not connect, or no answer in time)', entry
         test = post(strict.url + '/api/webhooks/test', {'agentId': agent['id']}, key)
         assert test.status_code == 200, test.text
         assert test.json()['success'] is False
         assert test.json()['statusCode'] == 0
-        assert test.json()['error'].startswith('blocked'), test.json()
+        assert test.json()['error'] == 'no HTTP answer (could not connect, or no answer in time)', test.json()
         time.sleep(0.5)
         assert receiver.requests == []
     finally:
