@@ -82,7 +82,7 @@ def test_the_check_catches_a_negative_worker_account(app, market):
 def restore(app):
     """Leave a database the teardown's ledger check accepts (the corruption was the point)."""
     db = app.service.db
-    for table in ('ledger_entries', 'payments', 'reputation_events', 'claims', 'jobs'):
+    for table in ('ledger_entries', 'payments', 'reputation_events', 'claims', 'webhook_events', 'jobs'):
         db.execute(f'DELETE FROM {table}')
 
 

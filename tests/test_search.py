@@ -208,6 +208,7 @@ def test_deleting_an_api_job_and_its_dependants_removes_it_from_the_index(app, m
         db.execute('DELETE FROM ledger_entries WHERE job_id = :id', {'id': job['id']})
         db.execute('DELETE FROM payments WHERE job_id = :id', {'id': job['id']})
         db.execute('DELETE FROM claims WHERE job_id = :id', {'id': job['id']})
+        db.execute('DELETE FROM webhook_events WHERE job_id = :id', {'id': job['id']})
         assert db.execute('DELETE FROM jobs WHERE id = :id', {'id': job['id']}) == 1
     assert [found['id'] for found in search(client, q='lighthouse')['results']] == [kept['id']]
     assert search(client, q='stripes')['total'] == 0
