@@ -307,17 +307,6 @@ def test_connections_over_max_connections_are_closed_from_any_address(tmp_path):
         capped.process.wait(10)
 
 
-@pytest.mark.parametrize('ip, group', [
-    ('203.0.113.9', '203.0.113.9'),
-    ('2001:db8:1:2:3:4:5:6', '2001:db8:1:2::/64'),
-    ('2001:DB8:1:2::ffff', '2001:db8:1:2::/64'),
-    ('::ffff:203.0.113.9', '203.0.113.9'),
-    ('::1', '::/64'),
-])
-def test_address_group_is_the_ipv4_address_or_the_ipv6_64(ip, group):
-    assert mp.address_group(ip) == group
-
-
 def test_the_open_files_limit_is_raised_toward_the_hard_limit(monkeypatch, caplog):
     resource = pytest.importorskip('resource')
     calls = []

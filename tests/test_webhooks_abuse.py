@@ -8,8 +8,6 @@ are one socket on 127.0.0.1 that accepts every connection and never answers.
 
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -17,7 +15,8 @@ import requests
 
 import marketplace as mp
 
-from conftest import ADMIN_KEY, ROOT, LiveServer, in_hours
+from conftest import ADMIN_KEY, LiveServer, in_hours
+from test_server import Output
 
 TIMEOUT = 30
 
@@ -46,31 +45,6 @@ class DeadReceiver:
         self.sock.close()
         for connection in self.held:
             connection.close()
-
-
-class LoggedServer(LiveServer):
-    """A LiveServer whose output goes to a file: thousands of failed attempts are logged, more than a pipe holds."""
-
-    def start(self):
-        self.log = open(self.db + '.log', 'wb')
-        self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / 'marketplace.py'), 'serve', '--db', self.db, '--port', str(self.port),
-             *self.extra_args], env=self.env, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, open(self.db + '.log').read()
-            try:
-                if requests.get(self.url + '/api/health', timeout=1).status_code == 200:
-                    return self
-            except requests.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError('server did not start in 15 s')
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-        self.log.close()
 
 
 def seed_agents(path, count, url_of, per_account=20):
@@ -129,7 +103,8 @@ def test_150_dead_receivers_do_not_delay_a_live_one(tmp_path, receiver):
     dead = DeadReceiver()
     path = tmp_path / 'dead.db'
     key = seed_agents(path, 150, lambda i: dead.url(f'dead-{i}'), per_account=1)     # 150 accounts
-    server = LoggedServer(path, ['--allow-private-webhooks', '--webhook-timeout', '10']).start()
+    server = LiveServer(path, ['--allow-private-webhooks', '--webhook-timeout', '10']).start()
+    Output(server)      # thousands of failed attempts are logged: more than a pipe holds
     try:
         agent, _ = register_live_agent(server, receiver.url)
         for round_number in range(3):
@@ -147,7 +122,7 @@ def test_150_dead_receivers_do_not_delay_a_live_one(tmp_path, receiver):
             time.sleep(0.05)
         assert len(dead.held) >= 150
     finally:
-        server.stop()
+        server.kill()
         dead.close()
 
 
@@ -156,7 +131,8 @@ def test_a_job_post_with_20000_webhook_agents_answers_in_50_ms(tmp_path):
     path = tmp_path / 'crowd.db'
     agents = 20_000
     key = seed_agents(path, agents, lambda i: dead.url(f'hook-{i}'))
-    server = LoggedServer(path, ['--allow-private-webhooks']).start()
+    server = LiveServer(path, ['--allow-private-webhooks']).start()
+    Output(server)
     try:
         post_job(server, key, 'warm-up')        # the first request of a process pays for imports and caches
         times = []
@@ -175,5 +151,5 @@ def test_a_job_post_with_20000_webhook_agents_answers_in_50_ms(tmp_path):
         health = requests.get(server.url + '/api/health', timeout=TIMEOUT)
         assert health.status_code == 200
     finally:
-        server.stop()
+        server.kill()
         dead.close()
