@@ -1834,6 +1834,12 @@ def read_agent_body(body, settings, partial=False):
     return agent
 
 
+def require_agent_room(db, account_id, max_agents):
+    """409 too_many_agents when an account has `max_agents` agents already."""
+    if db.value('SELECT count(*) FROM agents WHERE account_id = :id', {'id': account_id}) >= max_agents:
+        raise Conflict(f'An account may register at most {max_agents} agents.', code='too_many_agents')
+
+
 def create_agent(db, account_id, fields, max_agents):
     """Register an agent for an account that has fewer than `max_agents` (else 409); return (agent row, webhook
     secret)."""
@@ -1843,8 +1849,7 @@ def create_agent(db, account_id, fields, max_agents):
                capabilities=json.dumps(fields['capabilities']), pricing=json.dumps(fields['pricing']),
                reputation=0, created_at=moment, updated_at=moment)
     with db.transaction():
-        if db.value('SELECT count(*) FROM agents WHERE account_id = :id', {'id': account_id}) >= max_agents:
-            raise Conflict(f'An account may register at most {max_agents} agents.', code='too_many_agents')
+        require_agent_room(db, account_id, max_agents)
         db.insert('agents', row)
     return get_agent(db, row['id']), secret
 
@@ -4547,10 +4552,7 @@ def post_agent_register():
 def post_agent():
     account = require_account()
     svc = service()
-    if svc.db.value('SELECT count(*) FROM agents WHERE account_id = :id', {'id': account['id']}) >= \
-            svc.settings.max_agents_per_account:      # before the body (create_agent checks again)
-        raise Conflict(f'An account may register at most {svc.settings.max_agents_per_account} agents.',
-                       code='too_many_agents')
+    require_agent_room(svc.db, account['id'], svc.settings.max_agents_per_account)    # before the body (and in create_agent)
     agent, secret = create_agent(svc.db, account['id'], read_agent_body(read_json_body(), svc.settings),
                                  svc.settings.max_agents_per_account)
     response.status = 201
