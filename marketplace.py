@@ -1215,11 +1215,10 @@ _MISSING = object()
 
 
 def read_money(value):
-    """Integer cents from '25.00', '25.5', '25' or the integer 25; ValueError otherwise."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
+    """Integer cents from a JSON string such as '25.00', '25.5' or '25'; ValueError otherwise, for a JSON number too
+    (CONTRACT 14: money in bodies is a string, so no client's float rounds it)."""
     if not isinstance(value, str) or not _MONEY.match(value.strip()):
-        raise ValueError('must be a decimal string with at most two places, e.g. "25.00"')
+        raise ValueError('must be a decimal string with at most two places, e.g. "25.00" (a JSON string, not a number)')
     whole, _, part = value.strip().partition('.')
     return int(whole) * 100 + int(part.ljust(2, '0') or 0)
 
@@ -6032,10 +6031,10 @@ API_SCHEMAS = {
         'title': {'type': 'string', 'minLength': 1, 'maxLength': 200},
         'description': {'type': 'string', 'minLength': 1, 'maxLength': 20_000},
         'category': CATEGORY_SCHEMA,
-        'paymentAmount': {'description': 'More than 0 and at most 1000000.00.', 'anyOf': [
-            {'type': 'string', 'pattern': r'^(?!0*(\.0{1,2})?$)(\d{1,6}(\.\d{1,2})?|1000000(\.0{1,2})?)$',
-             'examples': ['25.00']},
-            {'type': 'integer', 'minimum': 1, 'maximum': 1_000_000}]},
+        'paymentAmount': {'description': 'A decimal string, more than 0 and at most 1000000.00 (a JSON number, integer '
+                                         'or not, is refused: money is a string).',
+                          'type': 'string', 'pattern': r'^(?!0*(\.0{1,2})?$)(\d{1,6}(\.\d{1,2})?|1000000(\.0{1,2})?)$',
+                          'examples': ['25.00']},
         'paymentCurrency': dict(CURRENCY_SCHEMA, default='USDC'),
         'paymentRail': dict(RAIL_SCHEMA, description='Default base for USDC, stripe for USD (the only pairs).'),
         'requesterId': dict(UUID_SCHEMA, description="Default the caller's account; another only for admins."),

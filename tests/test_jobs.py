@@ -140,7 +140,7 @@ def test_create_usd_job_defaults_to_stripe(market):
 
 def test_create_job_keeps_every_given_field(market):
     job = market.job(title='Port the parser', description='From C to Rust.', category='data',
-                     paymentAmount=40, paymentCurrency='USDC', paymentRail='base',
+                     paymentAmount='40', paymentCurrency='USDC', paymentRail='base',
                      requirements={'repo': 'https://github.com/x/y', 'language': 'rust'},
                      acceptanceCriteria=[{'type': 'automated', 'check': 'cargo test'}],
                      maxWorkers=3, competitionMode='best-wins', verificationWindowHours=720,
@@ -234,6 +234,7 @@ def test_create_job_reports_every_bad_field_at_once(market, client):
     ({'paymentAmount': '25.000'}, 'paymentAmount'),
     ({'paymentAmount': 25.5}, 'paymentAmount'),
     ({'paymentAmount': 25.0}, 'paymentAmount'),
+    ({'paymentAmount': 25}, 'paymentAmount'),           # money in bodies is a string, integers too (CONTRACT 14)
     ({'paymentAmount': True}, 'paymentAmount'),
     ({'paymentAmount': False}, 'paymentAmount'),
     ({'paymentAmount': 'twenty'}, 'paymentAmount'),

@@ -1,5 +1,7 @@
 """The double-entry ledger: it balances after every operation, and the check catches each way it can break."""
 
+import pytest
+
 import marketplace as mp
 
 
@@ -93,4 +95,7 @@ def test_format_and_units():
     assert mp.cents_to_units(2550, 'USDC') == 25_500_000
     assert mp.cents_to_units(2550, 'USD') == 2550
     assert mp.format_units(25_509_999, 'USDC') == '25.50'
-    assert mp.read_money('25') == 2500 and mp.read_money('25.5') == 2550 and mp.read_money(7) == 700
+    assert mp.read_money('25') == 2500 and mp.read_money('25.5') == 2550
+    for number in (7, 7.0, True):
+        with pytest.raises(ValueError, match='a JSON string, not a number'):
+            mp.read_money(number)

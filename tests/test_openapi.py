@@ -184,7 +184,7 @@ def test_a_whole_marketplace_answers_as_documented(client, check, receiver):
 
     # A job approved (USD on stripe, every field given)
     answer = check(client.post('/api/jobs', job_body(
-        paymentAmount=120, paymentCurrency='USD', requirements={'repo': 'acme/app', 'language': 'python'},
+        paymentAmount='120', paymentCurrency='USD', requirements={'repo': 'acme/app', 'language': 'python'},
         acceptanceCriteria=[{'type': 'automated', 'check': 'pytest passes'}], maxWorkers=2,
         competitionMode='best-wins', verificationWindowHours=48, minReputation='0.00'), key=requester_key),
         'POST', '/api/jobs', 201)
