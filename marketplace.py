@@ -4993,15 +4993,30 @@ def get_jobs():
 _TX_HASH = re.compile(r'0x[0-9a-fA-F]{64}')
 
 
-def job_funded_by(db, settings, tx_hash, account):
-    """The job a funding hash already paid for, if this requester posted it; 409 payment_replayed if the
-    hash paid for anything else; None if it is unused. (No signature is asked again: the hash was bound to
-    this account when it funded the job, so the answer shows only what the account already owns.)"""
+JOB_JSON_FIELDS = ('requirements', 'acceptance_criteria')       # stored as JSON text
+
+
+def same_job(job, fields):
+    """Is a stored job the one these validated POST /api/jobs fields describe (every field equal)?"""
+    return all((json.loads(job[name]) if name in JOB_JSON_FIELDS else job[name]) == value
+               for name, value in fields.items())
+
+
+def job_funded_by(db, settings, tx_hash, account, fields):
+    """The job a funding hash already paid for, if this requester posted it with these very fields (a retry); 409
+    payment_replayed if the hash paid for anything else, or for another job of the caller (with its jobId: a hash
+    is not an idempotency key, CONTRACT 14); None if it is unused. (No signature is asked again: the hash was bound
+    to this account when it funded the job, so the answer shows only what the account already owns.)"""
     used = used_payment(db, settings.chain_id, tx_hash)
     if used is None:
         return None
     if used['purpose'] == 'escrow' and used['account_id'] == account['id']:
-        return get_job(db, used['job_id'])
+        job = get_job(db, used['job_id'])
+        if same_job(job, fields):
+            return job
+        raise Conflict(f'This transaction funded your job {job["id"]} already, whose fields differ from these: fund '
+                       'each job with its own transfer (a retry sends the same body, or an Idempotency-Key).',
+                       code='payment_replayed', extra={'jobId': job['id']})
     raise Conflict('This transaction has paid for something else already.', code='payment_replayed')
 
 
@@ -5034,7 +5049,7 @@ def fund_job(svc, fields, body, account, tx_hash):
     if tx_hash is None:
         raise APIError('escrowTxHash must be a transaction hash: 0x and 64 hexadecimal digits.',
                        code='payment_invalid', fields={'escrowTxHash': 'must be 0x and 64 hex digits'})
-    existing = job_funded_by(db, svc.settings, tx_hash, account)
+    existing = job_funded_by(db, svc.settings, tx_hash, account, fields)
     if existing:
         return existing, False
     from verifier.funding import signature_bytes
@@ -5045,7 +5060,7 @@ def fund_job(svc, fields, body, account, tx_hash):
     try:
         return create_job(db, svc.settings, fields, funding), True
     except apsw.ConstraintError:                               # the same hash, posted twice at once
-        existing = job_funded_by(db, svc.settings, tx_hash, account)
+        existing = job_funded_by(db, svc.settings, tx_hash, account, fields)
         if existing:
             return existing, False
         raise
@@ -5957,13 +5972,15 @@ API_SCHEMAS = {
                                                 'description': 'USDC base units (6 decimals).'},
             'asset': ADDRESS_SCHEMA, 'network': {'type': 'string'}, 'chainId': {'type': 'integer'},
         }, description='Only on 402 payment_required: what to send to fund the job.'),
+        'jobId': dict(UUID_SCHEMA, description="Only on 409 payment_replayed of POST /api/jobs: the caller's job this "
+                      'escrowTxHash funded already (with other fields).'),
         'fundingTypedData': dict(schema_ref('FundingTypedData'), description='Only on a refused funding (POST '
                                  '/api/jobs in onchain mode): what the transfer\'s sender signs as escrowSignature.'),
         'x402Version': {'type': 'integer', 'enum': [1], 'description': 'Only on the 402 of an x402-priced call.'},
         'accepts': {'type': 'array', 'items': schema_ref('X402Requirements'),
                     'description': 'Only on the 402 of an x402-priced call: how to pay for it.'},
         'checks': dict(schema_ref('X402Checks'), description='Only on the 402 of a refused x402 payment.'),
-    }, optional=['fields', 'paymentRequirements', 'fundingTypedData', 'x402Version', 'accepts', 'checks']),
+    }, optional=['fields', 'paymentRequirements', 'jobId', 'fundingTypedData', 'x402Version', 'accepts', 'checks']),
     'FundingTypedData': closed_object({
         'domain': closed_object({
             'name': {'type': 'string', 'enum': ['Job Marketplace']}, 'version': {'type': 'string', 'enum': ['1']},
@@ -6521,7 +6538,8 @@ API_OPERATIONS = {
                        "signature of fundingTypedData by the transfer's sender: 402 `payment_required` (with "
                        'paymentRequirements), `payment_signature_invalid`, `payment_pending` (with Retry-After) or '
                        'another payment code when it does not check out; 409 `payment_replayed` when the hash paid '
-                       'for something else; 503 `chain_unavailable`. Every such refusal carries fundingTypedData. '
+                       "for something else (with `jobId` when it funded another of the caller's jobs: the same hash "
+                       'answers 200 with its job only for the same fields); 503 `chain_unavailable`. Every such refusal carries fundingTypedData. '
                        'There a job on rail stripe, still simulated, gets 400 `rail_unavailable` (unless '
                        '--allow-simulated-rails).\n\nIn stripe mode a job on rail stripe is created '
                        '`pending_payment` (escrowStatus `pending`) with `checkoutUrl`, a Stripe Checkout page where '

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,7 +26,7 @@ import requests
 
 import chain
 from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, Account  # web3/eth-account only through chain.py
-from conftest import ROOT, LiveServer, free_port, job_body
+from conftest import ROOT, LiveServer, free_port, in_hours, job_body
 from test_server import claim_and_deliver
 
 import marketplace as mp
@@ -268,16 +269,47 @@ def test_each_bad_funding_transfer_is_refused_with_its_own_code(anvil, usdc, tmp
         assert job_total(server) == 0
 
         anvil.mine(1)                                      # now 2 deep: the same hash opens the job
-        job = funded_job(server, key, fresh)
+        deadline = in_hours(48)
+        job = funded_job(server, key, fresh, deadline=deadline)
         assert job['escrowTxHash'] == fresh
 
-        assert_refused(post_job(server, other_key, fresh), 409, 'payment_replayed')
-        again = post_job(server, key, fresh)
+        assert_refused(post_job(server, other_key, fresh, deadline=deadline), 409, 'payment_replayed')
+        again = post_job(server, key, fresh, deadline=deadline)         # the same job again: a retry
         assert again.status_code == 200, again.text
         assert again.json()['job']['id'] == job['id']
         assert again.json()['job']['escrowTxHash'] == fresh
         assert job_total(server) == 1
         assert [p['type'] for p in get_job(server, job['id'])['payments']] == ['escrow']
+
+
+def test_a_funding_hash_is_not_an_idempotency_key(anvil, usdc, tmp_path):
+    """CONTRACT 14, a defect found by trying it as a new user: twelve posts at once with one funding hash and twelve
+    titles answered one 201 and eleven 200s carrying that other job. Now: one job, eleven 409 payment_replayed
+    naming it; the same body again (a retry) is that job, 200; another body is still 409."""
+    with serving(tmp_path / 'm.db', anvil.url) as server:
+        key = new_requester(server)
+        tx_hash = pay_escrow(anvil, PRICE)
+        signature = chain.sign_funding(PAYER_KEY, ACCOUNT_OF_KEY[key], tx_hash, ESCROW)
+        deadline = in_hours(48)
+        bodies = [job_body(title=f'Job number {i}', deadline=deadline, escrowTxHash=tx_hash,
+                           escrowSignature=signature) for i in range(12)]
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(lambda body: call(server, 'POST', '/api/jobs', body, key), bodies))
+        created = [answer.json()['job'] for answer in answers if answer.status_code == 201]
+        assert len(created) == 1, [answer.text for answer in answers]
+        job = created[0]
+        refused = [answer for answer in answers if answer.status_code != 201]
+        assert [(answer.status_code, answer.json()['code'], answer.json()['jobId']) for answer in refused] == \
+            [(409, 'payment_replayed', job['id'])] * 11
+        same = next(body for body in bodies if body['title'] == job['title'])
+        again = call(server, 'POST', '/api/jobs', same, key)
+        assert (again.status_code, again.json()['job']['id'], again.json()['job']['title']) == \
+            (200, job['id'], job['title'])
+        other = call(server, 'POST', '/api/jobs', dict(same, description='Another job entirely.'), key)
+        assert (assert_refused(other, 409, 'payment_replayed')['jobId']) == job['id']
+        assert job_total(server) == 1
+        assert [p['type'] for p in get_job(server, job['id'])['payments']] == ['escrow']
+        assert server.terminate() == 0
 
 
 # 2b. A funding transfer is not a bearer token ----------------------------------------

@@ -21,7 +21,7 @@ from eth_utils import keccak
 from hexbytes import HexBytes
 
 import marketplace as mp
-from conftest import ADMIN_KEY, Client, Market, assert_error, job_body, make_account, make_agent
+from conftest import ADMIN_KEY, Client, Market, assert_error, in_hours, job_body, make_account, make_agent
 from test_openapi import Checker
 from test_verifier import (BASE_CHAIN, ESCROW, ESCROW_KEY, NODE_URL, OTHER_TOKEN, PAYER, SOMEONE, USDC, FakeNode,
                            block_hash_of, decode, make_receipt, transfer_data, transfer_log, tx_hash_of)
@@ -284,17 +284,20 @@ def test_an_uppercase_hash_is_stored_lowercase(market, node):
 
 def test_posting_the_same_hash_again_gives_the_same_job_to_its_requester_only(market, node):
     tx_hash = node.pay(25_000_000)
-    first = post_job(market, tx_hash)
+    deadline = in_hours(48)             # the same job again: every field the same
+    first = post_job(market, tx_hash, deadline=deadline)
     assert first.status == 201, first
-    again = post_job(market, tx_hash)
+    again = post_job(market, tx_hash, deadline=deadline)
     assert again.status == 200, again
     assert again.json['job']['id'] == first.json['job']['id']
-    assert post_job(market, '0x' + tx_hash[2:].upper()).json['job']['id'] == first.json['job']['id']
+    assert post_job(market, '0x' + tx_hash[2:].upper(), deadline=deadline).json['job']['id'] == first.json['job']['id']
     other, other_key = make_account(market.client, 'other requester')
     body = assert_error(post_job(market, tx_hash, key=other_key, account=other), 409, 'payment_replayed')
     assert body['fundingTypedData'] == funding_typed_data(other['id'], tx_hash, ESCROW)
-    again = post_job(market, tx_hash, signer=None)              # its requester needs no signature to get it back
+    again = post_job(market, tx_hash, signer=None, deadline=deadline)              # its requester needs no signature to get it back
     assert (again.status, again.json['job']['id']) == (200, first.json['job']['id'])
+    other_job = post_job(market, tx_hash, deadline=deadline, title='Another job')      # not a retry: another job
+    assert assert_error(other_job, 409, 'payment_replayed')['jobId'] == first.json['job']['id']
     assert count_jobs(market) == 1
     assert db_of(market).value('SELECT count(*) FROM payments') == 1
     assert node.count('eth_getTransactionReceipt') == 1          # checked on chain once, when it was new
@@ -468,10 +471,12 @@ def test_funding_answers_follow_the_openapi_document(market, node):
     check = Checker(market.client.get('/api/openapi.json').json)
     tx_hash = node.pay(25_000_000)
     other, other_key = make_account(market.client, 'other requester')
+    deadline = in_hours(48)
     answers = [(post_job(market), 402), (post_job(market, '0x1234'), 400),
                (post_job(market, tx_hash, signer=None), 402),
-               (post_job(market, tx_hash), 201), (post_job(market, tx_hash), 200),
-               (post_job(market, tx_hash, key=other_key, account=other), 409)]
+               (post_job(market, tx_hash, deadline=deadline), 201), (post_job(market, tx_hash, deadline=deadline), 200),
+               (post_job(market, tx_hash, key=other_key, account=other), 409),
+               (post_job(market, tx_hash, title='Another job'), 409)]
     for answer, status in answers:
         assert ('fundingTypedData' in answer.json) is (status >= 400), answer
         check(answer, 'POST', '/api/jobs', status)
