@@ -638,7 +638,8 @@ def test_the_openapi_document_marks_priced_operations_and_the_answers_match_it(c
         [('X-PAYMENT', 'header', {'type': 'string'}), ('PAYMENT-SIGNATURE', 'header', {'type': 'string'})]
     assert operation['responses']['402']['content'] == \
         {'application/json': {'schema': {'$ref': '#/components/schemas/Error'}}}
-    assert operation['responses']['402']['headers']['PAYMENT-REQUIRED'] == {'$ref': '#/components/headers/PAYMENT-REQUIRED'}
+    assert operation['responses']['402']['headers']['PAYMENT-REQUIRED'] == \
+        {'$ref': '#/components/headers/PAYMENT-REQUIRED'}
     for name in ('X-PAYMENT-RESPONSE', 'PAYMENT-RESPONSE'):
         assert operation['responses']['200']['headers'][name] == {'$ref': f'#/components/headers/{name}'}
     assert set(document['components']['headers']) >= {'X-PAYMENT-RESPONSE', 'PAYMENT-RESPONSE', 'PAYMENT-REQUIRED'}
@@ -668,8 +669,8 @@ def test_the_service_card_advertises_x402(client):
     assert extension['uri'] == X402_EXTENSION_URI and extension['required'] is False
     assert 'x402' in extension['description']
     assert extension['params'] == {'x402Versions': [1, 2], 'scheme': 'exact', 'network': 'base',
-                                   'networkV2': 'eip155:8453', 'chainId': 8453, 'asset': USDC, 'payTo': PAY_TO, 'endpoints': ['GET /api/jobs/match'],
-                                   'pricing': BASE + '/api/x402'}
+                                   'networkV2': 'eip155:8453', 'chainId': 8453, 'asset': USDC, 'payTo': PAY_TO,
+                                   'endpoints': ['GET /api/jobs/match'], 'pricing': BASE + '/api/x402'}
     parsed = parse_agent_card(copy.deepcopy(card))
     validate_proto_required_fields(parsed)
     [parsed_extension] = parsed.capabilities.extensions
