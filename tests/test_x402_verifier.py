@@ -1,4 +1,5 @@
-"""The x402 (v1) part of the verifier (verifier/x402.py, and Chain.authorization_used / wait_for_receipt):
+"""x402 in the verifier (verifier/x402.py, and Chain.authorization_used / wait_for_receipt), version 1 here
+(version 2: test_x402_v2.py):
 the X-PAYMENT header, its two forms (CONTRACT.md 7), EIP-712 signer recovery and every refusal code
 without a node; then EIP-3009 authorizations settled on anvil with the relayer's signed transaction.
 
