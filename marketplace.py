@@ -3993,24 +3993,27 @@ def x402_exempt(account):
 
 
 class X402:
-    """x402 (v1) pay-per-call (CONTRACT.md 7): the priced endpoints, the 402 answer, and taking a payment.
+    """x402 pay-per-call, versions 1 and 2 (CONTRACT.md 7 and 13): the priced endpoints, the 402 answer, and taking
+    a payment. A version is only a wire format: a payment in X-PAYMENT (1) or PAYMENT-SIGNATURE (2) goes through the
+    same checks (verifier.x402.evaluate_payment), settlement and consumption, and is answered in its own version.
 
     Payments go to --x402-pay-to, never to the escrow address. A form-1 proof is checked on chain and consumed in
     the transaction that answers the call. A form-2 authorization is checked and its settlement simulated, then
     settled before the call is answered: signed by the escrow wallet as relayer (it pays the gas) and stored in
     the same transaction that reserves the authorization (so a crash never leaves a gap in the wallet's nonces),
     sent, and awaited; or settled by --facilitator-url. A call whose settlement is slower than
-    SETTLEMENT_WAIT answers 503, and the same X-PAYMENT sent again is answered once the settlement is mined.
+    SETTLEMENT_WAIT answers 503, and the same payment sent again is answered once the settlement is mined.
     """
 
     def __init__(self, settings):
-        from verifier.x402 import NETWORKS
+        from verifier.x402 import NETWORKS, network_name
         onchain = settings.onchain
         if onchain is None:
             raise ValueError(X402_NEEDS_CHAIN)
         self.network = NETWORK_BY_CHAIN.get(settings.chain_id)
         if self.network is None:
             raise ValueError(f'x402 works on Base (8453) and Base Sepolia (84532), not on chain {settings.chain_id}')
+        self.network_v2 = network_name(settings.chain_id, 2)       # CAIP-2: 'eip155:8453'
         _, self.token_name, self.token_version = NETWORKS[self.network]
         self.pay_to = x402_pay_to(settings.x402_pay_to, onchain.escrow_address)
         self.settings, self.onchain = settings, onchain
@@ -4022,8 +4025,12 @@ class X402:
 
     def card_terms(self):
         """What the service card advertises (hashable, so the card can be cached)."""
-        return (self.network, self.settings.chain_id, self.onchain.usdc, self.pay_to,
+        return (self.network, self.network_v2, self.settings.chain_id, self.onchain.usdc, self.pay_to,
                 tuple(price.endpoint for price in self.prices.values()))
+
+    def network_of(self, x402_version):
+        """The network's name in that version of x402: 'base' (1) or 'eip155:8453' (2)."""
+        return self.network_v2 if x402_version == 2 else self.network
 
     def requirements(self, price, resource):
         """The x402 PaymentRequirements (v1) of a priced endpoint; `resource` is the full URL being paid for."""
@@ -4034,16 +4041,36 @@ class X402:
                 'maxTimeoutSeconds': X402_TIMEOUT_SECONDS, 'asset': self.onchain.usdc,
                 'extra': {'name': self.token_name, 'version': self.token_version}}
 
+    def requirements_v2(self, price):
+        """The x402 PaymentRequirements (v2) of a priced endpoint: what a PAYMENT-SIGNATURE's `accepted` names."""
+        from verifier.x402 import requirements_v2
+        return requirements_v2(chain_id=self.settings.chain_id, token=self.onchain.usdc, pay_to=self.pay_to,
+                               amount=price.amount, max_timeout_seconds=X402_TIMEOUT_SECONDS, name=self.token_name,
+                               version=self.token_version)
+
+    def payment_required(self, price, resource, message):
+        """The x402 PaymentRequired (v2) of a priced call, as its 402's PAYMENT-REQUIRED header carries it."""
+        summary = API_OPERATIONS[(price.method, price.rule)]['summary']
+        return {'x402Version': 2, 'error': message,
+                'resource': {'url': resource, 'description': f'{price.endpoint}: {summary}',
+                             'mimeType': 'application/json'},
+                'accepts': [self.requirements_v2(price)]}
+
     def refusal(self, price, message, code, checks=None, retry_after=None):
-        """The 402 of a priced call: the x402 body (x402Version, error, accepts) with this service's code. A node
-        or facilitator that cannot answer is the usual 503 instead (payment_error)."""
+        """The 402 of a priced call in both versions: the x402 v1 body (x402Version, error, accepts) with this
+        service's code, and the v2 PaymentRequired in the PAYMENT-REQUIRED header. A node or facilitator that
+        cannot answer is the usual 503 instead (payment_error)."""
+        from verifier.x402 import encode_header
         if code == 'chain_unavailable':
             return payment_error(ChainUnavailable(message))
-        extra = {'x402Version': 1, 'accepts': [self.requirements(price, service().settings.base_url + request.path)]}
+        resource = service().settings.base_url + request.path
+        extra = {'x402Version': 1, 'accepts': [self.requirements(price, resource)]}
         if checks is not None:
             extra['checks'] = checks
-        return APIError(message, code=code, status=402, extra=extra,
-                        headers={'Retry-After': str(retry_after)} if retry_after else None)
+        headers = {'PAYMENT-REQUIRED': encode_header(self.payment_required(price, resource, message))}
+        if retry_after:
+            headers['Retry-After'] = str(retry_after)
+        return APIError(message, code=code, status=402, extra=extra, headers=headers)
 
     def refuse(self, price, evaluation):
         error = evaluation.error
@@ -4051,15 +4078,28 @@ class X402:
 
     # ----- checking a payment -----
 
-    def evaluate(self, db, header, price, mark=None):
-        """Every check of an X-PAYMENT against a price (verifier.x402.evaluate_payment), the chain's included, the
-        balance less what is promised to pending settlements (`mark`: settled_mark before the chain is read) and,
-        for the relayer, the settlement simulated; with a facilitator, an authorization's on-chain checks are the
-        facilitator's."""
-        from verifier.x402 import decode_payment_header, evaluate_payment
+    def payment_header(self, price=None):
+        """The payment a request carries: (the header's text, its x402 version), from X-PAYMENT (1) or
+        PAYMENT-SIGNATURE (2); (None, None) without one. Both at once is refused (a 402 on the call of `price`,
+        else 400): which one would pay?"""
+        from verifier.x402 import PAYMENT_HEADERS
+        sent = [(request.get_header(name), version) for version, name in PAYMENT_HEADERS.items()
+                if request.get_header(name)]
+        if len(sent) > 1:
+            message = 'Send one payment header, X-PAYMENT (x402 v1) or PAYMENT-SIGNATURE (v2), not both.'
+            raise self.refusal(price, message, 'payment_invalid') if price else \
+                BadRequest(message, code='payment_invalid')
+        return sent[0] if sent else (None, None)
+
+    def evaluate(self, db, header, price, mark=None, x402_version=1):
+        """Every check of a payment (the text of its header, of that x402 version) against a price
+        (verifier.x402.evaluate_payment), the chain's included, the balance less what is promised to pending
+        settlements (`mark`: settled_mark before the chain is read) and, for the relayer, the settlement
+        simulated; with a facilitator, an authorization's on-chain checks are the facilitator's."""
+        from verifier.x402 import PAYMENT_HEADERS, decode_payment_header, evaluate_payment
         mark = mark or self.settled_mark(db)
         try:
-            payment = decode_payment_header(header)
+            payment = decode_payment_header(header, PAYMENT_HEADERS[x402_version])
         except VerificationError:
             payment = header            # evaluate_payment records it as not decoded
         form = payment.get('payload') if isinstance(payment, dict) else None
@@ -4070,9 +4110,12 @@ class X402:
             confirmations=self.settings.confirmations, max_age_seconds=self.settings.payment_max_age,
             tx_used=lambda tx_hash: used_payment(db, self.settings.chain_id, tx_hash) is not None,
             authorization_used=lambda payer, nonce: self.authorization_record(db, payer, nonce) is not None,
-            name=self.token_name, version=self.token_version, settle_within=0 if by_facilitator else SETTLE_MARGIN)
+            name=self.token_name, version=self.token_version, settle_within=0 if by_facilitator else SETTLE_MARGIN,
+            x402_version=x402_version)
         resource = payment.get('resource', (payment.get('payload') or {}).get('resource')) \
             if evaluation.form else None
+        if isinstance(resource, dict):  # version 2: {url, description, mimeType}
+            resource = resource.get('url')
         if resource is not None:        # a payment that names what it pays for: compared by path
             path = urlsplit(resource).path if isinstance(resource, str) else None
             if path is not None and route_of(f'{price.method} {path}') == (price.method, price.rule):
@@ -4130,11 +4173,14 @@ class X402:
                          AND authorization_nonce = :nonce''',
                       {'chain': self.settings.chain_id, 'asset': self.onchain.usdc, 'payer': payer, 'nonce': nonce})
 
-    def facilitator_call(self, step, payment, price):
-        """POST {facilitator}/verify or /settle (x402 v1); its JSON answer. A facilitator that does not answer
-        properly is ChainUnavailable (503): the payment may be fine."""
-        body = {'x402Version': 1, 'paymentPayload': payment,
-                'paymentRequirements': self.requirements(price, self.settings.base_url + openapi_path(price.rule))}
+    def facilitator_call(self, step, evaluation, price):
+        """POST {facilitator}/verify or /settle, in the payment's own x402 version (its payload as sent, and the
+        requirements of that version); its JSON answer. A facilitator that does not answer properly is
+        ChainUnavailable (503): the payment may be fine."""
+        requirements = self.requirements_v2(price) if evaluation.x402_version == 2 else \
+            self.requirements(price, self.settings.base_url + openapi_path(price.rule))
+        body = {'x402Version': evaluation.x402_version, 'paymentPayload': evaluation.payment,
+                'paymentRequirements': requirements}
         try:
             answer = self.session.post(f'{self.facilitator}/{step}', json=body, timeout=10, allow_redirects=False)
             answer.raise_for_status()
@@ -4150,7 +4196,7 @@ class X402:
     def facilitator_verdict(self, evaluation, price):
         """Ask the facilitator's /verify about a form-2 payment our own checks passed; its refusal goes into
         the evaluation's checks."""
-        result = self.facilitator_call('verify', evaluation.payment, price)
+        result = self.facilitator_call('verify', evaluation, price)
         if result.get('isValid') is not True:
             reason = str(result.get('invalidReason') or 'unknown')
             code, check = FACILITATOR_REASONS.get(reason, ('payment_invalid', 'decoded'))
@@ -4160,19 +4206,20 @@ class X402:
     # ----- taking a payment -----
 
     def answer(self, price, handler, params, account=None):
-        """Answer a priced call paid with X-PAYMENT: the payment checked, settled if it is an authorization, then
-        consumed in the transaction that runs the handler. 402 if it does not check out. A call with a key acts as
-        the key's `account`; without one, a signed authorization acts as the payer's wallet account, and a proof
-        of a transfer acts as no one, for anyone can copy it from the chain, so it cannot pay a call that needs an
-        account."""
+        """Answer a priced call paid with X-PAYMENT (x402 v1) or PAYMENT-SIGNATURE (v2): the payment checked,
+        settled if it is an authorization, then consumed in the transaction that runs the handler, and the receipt
+        set in that version's header. 402 if it does not check out. A call with a key acts as the key's `account`;
+        without one, a signed authorization acts as the payer's wallet account, and a proof of a transfer acts as
+        no one, for anyone can copy it from the chain, so it cannot pay a call that needs an account."""
+        from verifier.x402 import RESPONSE_HEADERS, encode_header
         svc = service()
-        header = request.get_header('X-PAYMENT')
+        header, x402_version = self.payment_header(price)
         if not header:
             raise self.refusal(price, ('Only admin keys and exempt accounts call this free: pay' if account else
-                                       'X-PAYMENT header is required: pay') + ' with one of `accepts` (x402).',
-                               'payment_required')
+                                       'X-PAYMENT (x402 v1) or PAYMENT-SIGNATURE (v2) header is required: pay')
+                               + ' with one of `accepts` (x402).', 'payment_required')
         mark = self.settled_mark(svc.db)        # before the chain is read
-        evaluation = self.evaluate(svc.db, header, price, mark)
+        evaluation = self.evaluate(svc.db, header, price, mark, x402_version)
         if evaluation.form == 'proof' and account is None and \
                 API_OPERATIONS[(price.method, price.rule)].get('auth') == 'key':
             evaluation.checks.fail('signature', VerificationError(
@@ -4207,13 +4254,13 @@ class X402:
                 raise self.refusal(price, 'This payment has paid for a call already.', 'payment_replayed') from None
             request.environ['marketplace.account'] = account
             result = handler(**params)
-        from verifier.x402 import encode_payment_response
-        response.set_header('X-PAYMENT-RESPONSE', encode_payment_response(
-            {'success': True, 'transaction': record['tx_hash'], 'network': self.network, 'payer': evaluation.payer}))
+        response.set_header(RESPONSE_HEADERS[x402_version], encode_header(
+            {'success': True, 'transaction': record['tx_hash'], 'network': self.network_of(x402_version),
+             'payer': evaluation.payer}))
         return result
 
     def settlement(self, db, evaluation, price, mark):
-        """The confirmed settlement of a form-2 payment not yet answered: made now, or, when the same X-PAYMENT
+        """The confirmed settlement of a form-2 payment not yet answered: made now, or, when the same payment
         comes again after a 503, the one made then."""
         record = evaluation.payer and self.authorization_record(db, evaluation.payer, evaluation.nonce)
         # The same authorization again: only what its own settlement changed may fail now.
@@ -4277,7 +4324,7 @@ class X402:
         record = self.new_record(evaluation, price)
         self.reserve(db, record, price)
         try:
-            result = self.facilitator_call('settle', evaluation.payment, price)
+            result = self.facilitator_call('settle', evaluation, price)
             tx_hash = str(result.get('transaction') or '').lower()
             if result.get('success') is not True or not re.fullmatch(r'0x[0-9a-f]{64}', tx_hash):
                 reason = str(result.get('errorReason') or 'unknown')
@@ -4306,7 +4353,7 @@ class X402:
             receipt = self.onchain.wait_for_receipt(db, 'x402_payments', record, SETTLEMENT_WAIT)
         except ChainUnavailable:
             raise self.refusal(price, f'The payment is being settled on chain ({record["tx_hash"]}); send the '
-                                      'same X-PAYMENT again in a few seconds.', 'chain_unavailable') from None
+                                      'same payment header again in a few seconds.', 'chain_unavailable') from None
         try:
             check_usdc_transfer(receipt, token=self.onchain.usdc, recipient=self.pay_to,
                                 min_amount=record['amount'], payer=record['payer'])
@@ -4437,18 +4484,20 @@ def get_x402():
     if x402 is None:
         return {'x402Version': 1, 'enabled': False, 'endpoints': []}
     base = svc.settings.base_url
-    return {'x402Version': 1, 'enabled': True, 'network': x402.network, 'chainId': svc.settings.chain_id,
-            'asset': x402.onchain.usdc, 'payTo': x402.pay_to,
-            'settlement': 'facilitator' if x402.facilitator else 'relayer',
+    return {'x402Version': 1, 'x402Versions': [1, 2], 'enabled': True, 'network': x402.network,
+            'networkV2': x402.network_v2, 'chainId': svc.settings.chain_id, 'asset': x402.onchain.usdc,
+            'payTo': x402.pay_to, 'settlement': 'facilitator' if x402.facilitator else 'relayer',
             'endpoints': [{'method': price.method, 'path': openapi_path(price.rule), 'price': price.usdc,
                            'currency': 'USDC', 'maxAmountRequired': str(price.amount),
-                           'accepts': [x402.requirements(price, base + openapi_path(price.rule))]}
+                           'networks': [x402.network, x402.network_v2],
+                           'accepts': [x402.requirements(price, base + openapi_path(price.rule))],
+                           'acceptsV2': [x402.requirements_v2(price)]}
                           for price in x402.prices.values()]}
 
 
 @route('POST', '/api/x402', limit='read')
 def post_x402():
-    """Check an X-PAYMENT against a priced endpoint without taking it."""
+    """Check a payment (X-PAYMENT or PAYMENT-SIGNATURE) against a priced endpoint without taking it."""
     svc = service()
     x402 = svc.x402
     if x402 is None:
@@ -4460,11 +4509,11 @@ def post_x402():
             raise NotFound(f'{endpoint} is not priced; GET /api/x402 lists the priced endpoints.', code='not_priced')
     else:
         price = next(iter(x402.prices.values()))
-    header = request.get_header('X-PAYMENT')
+    header, x402_version = x402.payment_header()
     if not header:
-        raise BadRequest('Send the payment to check as the X-PAYMENT header (base64 of its JSON).',
-                         code='payment_invalid')
-    evaluation = x402.evaluate(svc.db, header, price)
+        raise BadRequest('Send the payment to check as the X-PAYMENT (x402 v1) or PAYMENT-SIGNATURE (v2) header '
+                         '(base64 of its JSON).', code='payment_invalid')
+    evaluation = x402.evaluate(svc.db, header, price, x402_version=x402_version)
     if x402.facilitator and evaluation.form == 'authorization' and evaluation.error is None:
         x402.facilitator_verdict(evaluation, price)
     answer = {'valid': evaluation.valid, 'checks': evaluation.checks.as_dict(), 'endpoint': price.endpoint,
@@ -4934,14 +4983,15 @@ def service_card(base_url, x402=None):
         'protocolVersion': '1.0',
     }
     if x402:
-        network, chain_id, asset, pay_to, endpoints = x402
+        network, network_v2, chain_id, asset, pay_to, endpoints = x402
         card['description'] += ' Some endpoints are paid per call in USDC with x402, with or without a key.'
         card['capabilities']['extensions'] = [{
             'uri': X402_EXTENSION, 'required': False,
-            'description': f'x402 (v1) pay-per-call in USDC on {network}: {", ".join(endpoints)}. '
-                           f'{base_url}/api/x402 lists the prices; pay with an X-PAYMENT header.',
-            'params': {'x402Version': 1, 'scheme': 'exact', 'network': network, 'chainId': chain_id,
-                       'asset': asset, 'payTo': pay_to, 'endpoints': list(endpoints),
+            'description': f'x402 (versions 1 and 2) pay-per-call in USDC on {network} ({network_v2}): '
+                           f'{", ".join(endpoints)}. {base_url}/api/x402 lists the prices; pay with an X-PAYMENT '
+                           '(v1) or PAYMENT-SIGNATURE (v2) header.',
+            'params': {'x402Versions': [1, 2], 'scheme': 'exact', 'network': network, 'networkV2': network_v2,
+                       'chainId': chain_id, 'asset': asset, 'payTo': pay_to, 'endpoints': list(endpoints),
                        'pricing': f'{base_url}/api/x402'}}]
     return card
 
@@ -6009,16 +6059,31 @@ API_SCHEMAS = {
         'extra': closed_object({'name': {'type': 'string'}, 'version': {'type': 'string'}},
                                description="The USDC contract's EIP-712 domain, for signing an authorization."),
     }, description='x402 (v1) PaymentRequirements.'),
+    'X402RequirementsV2': closed_object({
+        'scheme': {'type': 'string', 'enum': ['exact']},
+        'network': {'type': 'string', 'enum': ['eip155:8453', 'eip155:84532'], 'description': 'CAIP-2.'},
+        'amount': {'type': 'string', 'pattern': '^[0-9]+$', 'description': 'USDC base units (6 decimals).'},
+        'asset': ADDRESS_SCHEMA,
+        'payTo': ADDRESS_SCHEMA,
+        'maxTimeoutSeconds': {'type': 'integer', 'minimum': 1},
+        'extra': closed_object({'name': {'type': 'string'}, 'version': {'type': 'string'}},
+                               description="The USDC contract's EIP-712 domain, for signing an authorization."),
+    }, description='x402 (v2) PaymentRequirements: what the PAYMENT-REQUIRED header offers and a PAYMENT-SIGNATURE '
+                   'names as `accepted`.'),
     'X402Checks': {'type': 'object', 'additionalProperties': {'type': 'boolean'},
                    'propertyNames': {'enum': ['decoded', 'version', 'scheme', 'network', 'chainId', 'token',
                                               'recipient', 'payer', 'amount', 'found', 'succeeded', 'confirmations',
                                               'fresh', 'notReplayed', 'signature', 'balance', 'resource',
-                                              'settles']},
+                                              'settles', 'accepted']},
                    'description': 'Each check of the payment\'s form and whether it passed.'},
     'X402Info': closed_object({
-        'x402Version': {'type': 'integer', 'enum': [1]},
+        'x402Version': {'type': 'integer', 'enum': [1], 'description': 'The version of `accepts`.'},
+        'x402Versions': {'type': 'array', 'items': {'type': 'integer', 'enum': [1, 2]},
+                         'description': 'The x402 versions a payment may come in.'},
         'enabled': {'type': 'boolean', 'description': 'False when no endpoint is priced.'},
         'network': {'type': 'string', 'enum': ['base', 'base-sepolia']},
+        'networkV2': {'type': 'string', 'enum': ['eip155:8453', 'eip155:84532'],
+                      'description': 'The network as x402 version 2 names it (CAIP-2).'},
         'chainId': {'type': 'integer'},
         'asset': ADDRESS_SCHEMA,
         'payTo': ADDRESS_SCHEMA,
@@ -6030,9 +6095,12 @@ API_SCHEMAS = {
             'price': {'type': 'string', 'pattern': r'^\d+(\.\d{1,6})?$', 'examples': ['0.01']},
             'currency': {'type': 'string', 'enum': ['USDC']},
             'maxAmountRequired': {'type': 'string', 'pattern': '^[0-9]+$'},
-            'accepts': {'type': 'array', 'items': schema_ref('X402Requirements')},
+            'networks': {'type': 'array', 'items': {'type': 'string'},
+                         'description': 'The network in version 1 and version 2 (CAIP-2) names.'},
+            'accepts': {'type': 'array', 'items': schema_ref('X402Requirements'), 'description': 'x402 version 1.'},
+            'acceptsV2': {'type': 'array', 'items': schema_ref('X402RequirementsV2'), 'description': 'x402 version 2.'},
         })},
-    }, optional=('network', 'chainId', 'asset', 'payTo', 'settlement')),
+    }, optional=('x402Versions', 'network', 'networkV2', 'chainId', 'asset', 'payTo', 'settlement')),
     'X402Check': closed_object({
         'valid': {'type': 'boolean'},
         'checks': schema_ref('X402Checks'),
@@ -6425,8 +6493,10 @@ API_OPERATIONS = {
         'summary': 'Check an x402 payment without taking it', 'tags': ['Payments'],
         'query': [{'name': 'endpoint', 'schema': {'type': 'string', 'examples': ['GET /api/jobs/match']},
                    'description': 'The priced endpoint whose price to check against (default: the first).'}],
-        'headers': [{'name': 'X-PAYMENT', 'required': True, 'schema': {'type': 'string'},
-                     'description': 'The payment, base64 of its JSON (x402 v1).'}],
+        'headers': [{'name': 'X-PAYMENT', 'schema': {'type': 'string'},
+                     'description': 'The payment, base64 of its JSON (x402 v1); or send PAYMENT-SIGNATURE.'},
+                    {'name': 'PAYMENT-SIGNATURE', 'schema': {'type': 'string'},
+                     'description': 'The payment, base64 of its JSON (x402 v2); or send X-PAYMENT.'}],
         'ok': (200, 'X402Check'), 'errors': (400, 404, 429, 503),
         'description': 'Runs every check of the payment\'s form (on chain too) and reports each; the payment '
                        'stays unused. 404 `not_priced` when no endpoint is priced, or not the one asked for.'},
@@ -6747,8 +6817,15 @@ API_HEADERS = {
     'X-RateLimit-Limit': {'description': 'Requests allowed per hour.', 'schema': {'type': 'integer'}},
     'X-RateLimit-Remaining': {'description': 'Requests left in this window.', 'schema': {'type': 'integer'}},
     'X-RateLimit-Reset': {'description': 'Unix time (seconds) when the window resets.', 'schema': {'type': 'integer'}},
-    'X-PAYMENT-RESPONSE': {'description': 'On a call paid with x402: base64 of {success, transaction, network, '
-                                          'payer}.', 'schema': {'type': 'string'}},
+    'X-PAYMENT-RESPONSE': {'description': 'On a call paid with x402 v1 (X-PAYMENT): base64 of {success, '
+                                          'transaction, network, payer}, network as v1 names it ("base").',
+                           'schema': {'type': 'string'}},
+    'PAYMENT-RESPONSE': {'description': 'On a call paid with x402 v2 (PAYMENT-SIGNATURE): base64 of {success, '
+                                        'transaction, network, payer}, network in CAIP-2 ("eip155:8453").',
+                         'schema': {'type': 'string'}},
+    'PAYMENT-REQUIRED': {'description': 'On the 402 of an x402-priced call: base64 of x402 v2\'s PaymentRequired '
+                                        '{x402Version: 2, error, resource: {url, description, mimeType}, accepts}.',
+                         'schema': {'type': 'string'}},
 }
 RATE_LIMIT_HEADERS = ('X-RateLimit-Limit', 'X-RateLimit-Remaining', 'X-RateLimit-Reset')
 
@@ -6810,24 +6887,29 @@ def openapi_operation(path, entry):
 
 
 def priced_operation(operation, price):
-    """An operation priced for x402: a key or an X-PAYMENT, a 402 with what to pay, X-PAYMENT-RESPONSE."""
+    """An operation priced for x402 (versions 1 and 2): a key or a payment header, a 402 with what to pay (body and
+    PAYMENT-REQUIRED), the receipt header of each version."""
     operation = json.loads(json.dumps(operation))
     operation['description'] = (operation.get('description', '') + f'\n\nPriced for x402: {price.usdc} USDC a call, '
                                 'with or without a key; free only for admin keys and accounts an admin marked '
                                 'x402Exempt (GET /api/x402).').strip()
     operation['parameters'] = operation.get('parameters', []) + [{
         'name': 'X-PAYMENT', 'in': 'header', 'schema': {'type': 'string'},
-        'description': 'An x402 payment (base64 of its JSON): a proof of a USDC transfer or an EIP-3009 '
-                       'authorization. Not needed with an admin key or the key of an exempt account.'}]
+        'description': 'An x402 v1 payment (base64 of its JSON): a proof of a USDC transfer or an EIP-3009 '
+                       'authorization. Not needed with an admin key or the key of an exempt account.'}, {
+        'name': 'PAYMENT-SIGNATURE', 'in': 'header', 'schema': {'type': 'string'},
+        'description': 'An x402 v2 payment (base64 of {x402Version: 2, accepted, payload, resource?}), `payload` in '
+                       'either form, `accepted` one of the 402\'s PAYMENT-REQUIRED `accepts`. Instead of X-PAYMENT.'}]
     for status in (401, 503):       # an unknown key even with a payment; a node that cannot check it
         operation['responses'].setdefault(str(status), {'$ref': f'#/components/responses/{ERROR_RESPONSES[status][0]}'})
     operation['responses']['402'] = {
-        'description': 'Pay first: `accepts` says how (x402 v1); after a refused payment `code` and `checks` say '
-                       'which check failed.',
-        'content': json_content('Error'), 'headers': header_refs(('Retry-After',))}
+        'description': 'Pay first: `accepts` says how (x402 v1), and the PAYMENT-REQUIRED header (x402 v2); after a '
+                       'refused payment `code` and `checks` say which check failed.',
+        'content': json_content('Error'), 'headers': header_refs(('PAYMENT-REQUIRED', 'Retry-After'))}
     for status, answer in operation['responses'].items():
         if status.startswith('2'):
-            answer.setdefault('headers', {})['X-PAYMENT-RESPONSE'] = {'$ref': '#/components/headers/X-PAYMENT-RESPONSE'}
+            for name in ('X-PAYMENT-RESPONSE', 'PAYMENT-RESPONSE'):
+                answer.setdefault('headers', {})[name] = {'$ref': f'#/components/headers/{name}'}
     operation['security'] = [{}, {'bearerAuth': []}]
     return operation
 
@@ -7021,7 +7103,7 @@ def make_app(settings):
                 price = app.service.x402 and app.service.x402.prices.get((method, request.route.rule))
                 if price and not x402_exempt(caller()):     # priced for x402: every caller pays but the exempt
                     if caller() is None and request.get_header('Authorization'):
-                        raise Unauthorized('The API key is unknown or revoked (or pay with X-PAYMENT, without a key).')
+                        raise Unauthorized('The API key is unknown or revoked (or pay with x402, without a key).')
                     result = app.service.x402.answer(price, handler, params, caller())
                 else:
                     result = handler(**params)

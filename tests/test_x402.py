@@ -42,6 +42,9 @@ REQUIREMENTS = {'scheme': 'exact', 'network': 'base', 'maxAmountRequired': '1000
                 'resource': BASE + MATCH, 'description': f'GET /api/jobs/match: {MATCH_SUMMARY}',
                 'mimeType': 'application/json', 'payTo': PAY_TO, 'maxTimeoutSeconds': 60, 'asset': USDC,
                 'extra': {'name': 'USD Coin', 'version': '2'}}
+# x402 version 2's PaymentRequirements of the same price (the PAYMENT-REQUIRED header's `accepts`)
+REQUIREMENTS_V2 = {'scheme': 'exact', 'network': 'eip155:8453', 'amount': '10000', 'asset': USDC, 'payTo': PAY_TO,
+                   'maxTimeoutSeconds': 60, 'extra': {'name': 'USD Coin', 'version': '2'}}
 ALL_PASS = {name: True for name in PROOF_CHECKS}
 X402_EXTENSION_URI = 'https://github.com/google-a2a/a2a-x402/v0.1'
 
@@ -566,13 +569,15 @@ def test_get_x402_lists_the_priced_endpoints(started):
                             description='GET /api/jobs/{job_id}: '
                                         + mp.API_OPERATIONS[('GET', '/api/jobs/<job_id>')]['summary'])
     assert answer.json == {
-        'x402Version': 1, 'enabled': True, 'network': 'base', 'chainId': 8453, 'asset': USDC, 'payTo': PAY_TO,
-        'settlement': 'relayer',
+        'x402Version': 1, 'x402Versions': [1, 2], 'enabled': True, 'network': 'base', 'networkV2': 'eip155:8453',
+        'chainId': 8453, 'asset': USDC, 'payTo': PAY_TO, 'settlement': 'relayer',
         'endpoints': [
             {'method': 'GET', 'path': '/api/jobs/match', 'price': '0.01', 'currency': 'USDC',
-             'maxAmountRequired': '10000', 'accepts': [REQUIREMENTS]},
+             'maxAmountRequired': '10000', 'networks': ['base', 'eip155:8453'], 'accepts': [REQUIREMENTS],
+             'acceptsV2': [REQUIREMENTS_V2]},
             {'method': 'GET', 'path': '/api/jobs/{job_id}', 'price': '1.5', 'currency': 'USDC',
-             'maxAmountRequired': '1500000', 'accepts': [job_requirements]}]}
+             'maxAmountRequired': '1500000', 'networks': ['base', 'eip155:8453'], 'accepts': [job_requirements],
+             'acceptsV2': [dict(REQUIREMENTS_V2, amount='1500000')]}]}
 
 
 def test_post_x402_endpoint_picks_the_price(started, anvil):
@@ -629,16 +634,20 @@ def test_x402_off_lists_nothing(app):
 def test_the_openapi_document_marks_priced_operations_and_the_answers_match_it(client, anvil):
     document = client.get('/api/openapi.json').json
     operation = document['paths']['/api/jobs/match']['get']
-    assert {'name': 'X-PAYMENT', 'in': 'header', 'schema': {'type': 'string'},
-            'description': operation['parameters'][-1]['description']} == operation['parameters'][-1]
+    assert [(p['name'], p['in'], p['schema']) for p in operation['parameters'][-2:]] == \
+        [('X-PAYMENT', 'header', {'type': 'string'}), ('PAYMENT-SIGNATURE', 'header', {'type': 'string'})]
     assert operation['responses']['402']['content'] == \
         {'application/json': {'schema': {'$ref': '#/components/schemas/Error'}}}
-    assert operation['responses']['200']['headers']['X-PAYMENT-RESPONSE'] == \
-        {'$ref': '#/components/headers/X-PAYMENT-RESPONSE'}
+    assert operation['responses']['402']['headers']['PAYMENT-REQUIRED'] == \
+        {'$ref': '#/components/headers/PAYMENT-REQUIRED'}
+    for name in ('X-PAYMENT-RESPONSE', 'PAYMENT-RESPONSE'):
+        assert operation['responses']['200']['headers'][name] == {'$ref': f'#/components/headers/{name}'}
+    assert set(document['components']['headers']) >= {'X-PAYMENT-RESPONSE', 'PAYMENT-RESPONSE', 'PAYMENT-REQUIRED'}
     assert operation['security'] == [{}, {'bearerAuth': []}]
     assert 'Priced for x402: 0.01 USDC a call' in operation['description']
     unpriced = document['paths']['/api/agents/match']['get']
-    assert 'X-PAYMENT' not in [p['name'] for p in unpriced['parameters']] and '402' not in unpriced['responses']
+    assert not {'X-PAYMENT', 'PAYMENT-SIGNATURE'} & {p['name'] for p in unpriced['parameters']}
+    assert '402' not in unpriced['responses']
 
     check = Checker(document)
     check(client.get(MATCH), 'GET', MATCH, 402)
@@ -659,9 +668,9 @@ def test_the_service_card_advertises_x402(client):
     [extension] = card['capabilities']['extensions']
     assert extension['uri'] == X402_EXTENSION_URI and extension['required'] is False
     assert 'x402' in extension['description']
-    assert extension['params'] == {'x402Version': 1, 'scheme': 'exact', 'network': 'base', 'chainId': 8453,
-                                   'asset': USDC, 'payTo': PAY_TO, 'endpoints': ['GET /api/jobs/match'],
-                                   'pricing': BASE + '/api/x402'}
+    assert extension['params'] == {'x402Versions': [1, 2], 'scheme': 'exact', 'network': 'base',
+                                   'networkV2': 'eip155:8453', 'chainId': 8453, 'asset': USDC, 'payTo': PAY_TO,
+                                   'endpoints': ['GET /api/jobs/match'], 'pricing': BASE + '/api/x402'}
     parsed = parse_agent_card(copy.deepcopy(card))
     validate_proto_required_fields(parsed)
     [parsed_extension] = parsed.capabilities.extensions

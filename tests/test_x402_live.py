@@ -30,6 +30,7 @@ from test_x402_verifier import header_of, x_payment
 _RECURSION_LIMIT = sys.getrecursionlimit()     # importing x402 may raise it (see chain.py): put it back
 from x402 import x402ClientSync  # noqa: E402
 from x402.http.clients import x402_requests  # noqa: E402
+from x402.http.utils import decode_payment_required_header, decode_payment_response_header  # noqa: E402
 from x402.mechanisms.evm.exact.register import register_exact_evm_client  # noqa: E402
 sys.setrecursionlimit(_RECURSION_LIMIT)
 
@@ -204,41 +205,52 @@ def readme_proof_checks():
 
 # 1. The official x402 client ------------------------------------------------------
 
-def test_the_official_client_pays_and_a_replayed_header_is_refused(anvil, usdc, tmp_path):
+def test_the_official_client_pays_in_version_2_and_a_replayed_header_is_refused(anvil, usdc, tmp_path):
     payer_key, payer = funded(anvil, 2)
     with serving(tmp_path / 'm.db', anvil.url) as server:
         expected = open_code_job(server)
-        unpaid = assert_x402_refused(requests.get(server.url + MATCH, timeout=TIMEOUT), 'payment_required')
-        [accepts] = unpaid['accepts']       # what the README shows the client is offered
+        refusal = requests.get(server.url + MATCH, timeout=TIMEOUT)
+        unpaid = assert_x402_refused(refusal, 'payment_required')
+        [accepts] = unpaid['accepts']       # what the README shows a version 1 client is offered
         assert accepts == {'scheme': 'exact', 'network': 'base', 'maxAmountRequired': '10000',
                            'resource': server.url + '/api/jobs/match', 'description': accepts['description'],
                            'mimeType': 'application/json', 'payTo': PAY_TO, 'maxTimeoutSeconds': 60, 'asset': USDC,
                            'extra': {'name': 'USD Coin', 'version': '2'}}
         assert accepts['description'].startswith('GET /api/jobs/match: '), accepts
+        offered = decode_payment_required_header(refusal.headers['PAYMENT-REQUIRED'])     # and a version 2 one
+        assert (offered.x402_version, offered.error, offered.resource.url) == \
+            (2, unpaid['error'], server.url + '/api/jobs/match')
+        assert [a.model_dump(by_alias=True) for a in offered.accepts] == [
+            {'scheme': 'exact', 'network': 'eip155:8453', 'amount': '10000', 'asset': USDC, 'payTo': PAY_TO,
+             'maxTimeoutSeconds': 60, 'extra': {'name': 'USD Coin', 'version': '2'}}]
         session = x402_session(payer_key)
         before = balances(anvil, payer, PAY_TO)
 
         answer = session.get(server.url + MATCH, timeout=TIMEOUT)
         assert answer.status_code == 200, answer.text
         assert answer.json() == expected
-        settled = payment_response(answer)
+        assert 'X-PAYMENT' not in answer.request.headers and 'X-PAYMENT-RESPONSE' not in answer.headers
+        receipt = decode_payment_response_header(answer.headers['PAYMENT-RESPONSE'])      # the client's own reader
+        settled = receipt.model_dump(by_alias=True, exclude_none=True)
         assert set(settled) == {'success', 'transaction', 'network', 'payer'}, settled
-        assert (settled['success'], settled['network'], settled['payer']) == (True, 'base', payer), settled
+        assert (settled['success'], settled['network'], settled['payer']) == (True, 'eip155:8453', payer), settled
         assert_settled_by_escrow(anvil, settled['transaction'])
         assert balances(anvil, payer, PAY_TO) == (before[0] - PRICE, before[1] + PRICE)
 
-        sent = answer.request.headers['X-PAYMENT']      # what the client paid with (the adapter's retry)
-        assert json.loads(base64.b64decode(sent))['payload']['authorization']['from'] == payer
-        replay = paid_get(server, sent)
+        sent = answer.request.headers['PAYMENT-SIGNATURE']      # what the client paid with (the adapter's retry)
+        signed = json.loads(base64.b64decode(sent))
+        assert (signed['x402Version'], signed['accepted']['network']) == (2, 'eip155:8453')
+        assert signed['payload']['authorization']['from'] == payer
+        replay = requests.get(server.url + MATCH, headers={'PAYMENT-SIGNATURE': sent}, timeout=TIMEOUT)
         replayed = assert_x402_refused(replay, 'payment_replayed')
-        assert replayed['checks']['notReplayed'] is False, replayed
-        assert 'X-PAYMENT-RESPONSE' not in replay.headers
+        assert (replayed['checks']['notReplayed'], replayed['checks']['accepted']) == (False, True), replayed
+        assert 'PAYMENT-RESPONSE' not in replay.headers and 'PAYMENT-REQUIRED' in replay.headers
         assert balances(anvil, payer, PAY_TO) == (before[0] - PRICE, before[1] + PRICE)
 
         again = session.get(server.url + MATCH, timeout=TIMEOUT)
         assert again.status_code == 200, again.text
         assert again.json() == expected
-        second = payment_response(again)
+        second = decode_payment_response_header(again.headers['PAYMENT-RESPONSE']).model_dump(exclude_none=True)
         assert (second['success'], second['payer']) == (True, payer), second
         assert second['transaction'] != settled['transaction']
         assert_settled_by_escrow(anvil, second['transaction'])
@@ -260,10 +272,10 @@ def test_the_readme_python_block_pays_with_the_official_client(anvil, usdc, tmp_
         run = subprocess.run([PYTHON, '-c', script], capture_output=True, text=True, timeout=60, cwd=ROOT,
                              env=dict(os.environ, MARKET_URL=server.url, PAYER_KEY=payer_key))
         assert run.returncode == 0, run.stderr
-        status_line, header = run.stdout.splitlines()
+        status_line, receipt = run.stdout.splitlines()
         assert status_line == f'200 {expected["total"]}' == '200 1'
-        settled = json.loads(base64.b64decode(header, validate=True))
-        assert (settled['success'], settled['network'], settled['payer']) == (True, 'base', payer), settled
+        settled = json.loads(receipt)           # PAYMENT-RESPONSE, decoded by the SDK's own helper
+        assert (settled['success'], settled['network'], settled['payer']) == (True, 'eip155:8453', payer), settled
         assert_settled_by_escrow(anvil, settled['transaction'])
         assert balances(anvil, payer, PAY_TO) == (before[0] - PRICE, before[1] + PRICE)
 

@@ -1,4 +1,5 @@
-"""The x402 (v1) part of the verifier (verifier/x402.py, and Chain.authorization_used / wait_for_receipt):
+"""x402 in the verifier (verifier/x402.py, and Chain.authorization_used / wait_for_receipt), version 1 here
+(version 2: test_x402_v2.py):
 the X-PAYMENT header, its two forms (CONTRACT.md 7), EIP-712 signer recovery and every refusal code
 without a node; then EIP-3009 authorizations settled on anvil with the relayer's signed transaction.
 
@@ -26,7 +27,7 @@ from verifier.chain import Chain
 from verifier.checks import check_usdc_transfer
 from verifier.errors import ChainUnavailable, VerificationError
 from verifier.x402 import (AUTHORIZATION_CHECKS, AUTHORIZATION_TYPES, NETWORKS, SETTLEMENT_GAS, TRANSFER_WITH_AUTHORIZATION, ProofClaims,
-                           decode_payment_header, encode_payment_response, evaluate_payment, parse_authorization,
+                           decode_payment_header, encode_header, evaluate_payment, parse_authorization,
                            proof_claims, recover_authorization_signer, sign_transfer_with_authorization,
                            usdc_base_units)
 
@@ -157,12 +158,12 @@ def test_anything_but_base64_of_a_json_object_is_payment_invalid(header):
     assert refused(decode_payment_header, header) == 'payment_invalid'
 
 
-def test_encode_payment_response_is_standard_base64_json():
+def test_encode_header_is_standard_base64_json():
     response = {'success': True, 'transaction': tx_hash_of('settled'), 'network': 'base', 'payer': PAYER}
-    header = encode_payment_response(response)
+    header = encode_header(response)
     assert json.loads(base64.b64decode(header, validate=True)) == response
     assert decode_payment_header(header) == response
-    assert encode_payment_response({'note': '>>>???~~~'}) == 'eyJub3RlIjoiPj4+Pz8/fn5+In0='   # '+', '/', padding
+    assert encode_header({'note': '>>>???~~~'}) == 'eyJub3RlIjoiPj4+Pz8/fn5+In0='   # '+', '/', padding
 
 
 # ----- the two forms -----

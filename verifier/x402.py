@@ -1,14 +1,17 @@
-"""x402 (v1) payments: the X-PAYMENT header, its two forms, and the EIP-3009 "exact" scheme.
+"""x402 payments, version 1 and version 2: the payment headers, the two payload forms, and the EIP-3009 "exact"
+scheme.
 
 Pure but for eth-account (EIP-712 signer recovery, the signed settlement transaction): no web3. What is on
 chain is asked of a verifier.chain.Chain handed in. `evaluate_payment` runs every check of a payment and
 records each result (POST /api/x402 shows them; a priced call refuses with the first failure).
 
-`payment` is the decoded X-PAYMENT object: {x402Version: 1, scheme: 'exact', network, payload}, with
-`payload` either a proof of a transfer already made (form 1: {txHash, from, amount, to, chainId,
-tokenAddress, timestamp}) or an EIP-3009 authorization (form 2: {signature, authorization: {from, to,
-value, validAfter, validBefore, nonce}}). Amounts are integers in USDC base units; addresses are
-compared checksummed.
+`payment` is the decoded payment header's object. Version 1 (X-PAYMENT): {x402Version: 1, scheme: 'exact',
+network ('base'), payload}. Version 2 (PAYMENT-SIGNATURE): {x402Version: 2, accepted: the requirements it pays
+({scheme, network ('eip155:8453', CAIP-2), amount, asset, payTo, ...}), payload, resource?, extensions?}. A
+version is only a wire format: both are checked by the same functions. `payload` is either a proof of a transfer
+already made (form 1: {txHash, from, amount, to, chainId, tokenAddress, timestamp}) or an EIP-3009
+authorization (form 2: {signature, authorization: {from, to, value, validAfter, validBefore, nonce}}). Amounts
+are integers in USDC base units; addresses are compared checksummed.
 """
 
 import base64
@@ -28,6 +31,10 @@ from verifier.errors import VerificationError  # noqa: E402
 
 # network -> (chain id, EIP-712 domain name, version) of its USDC, as x402 clients sign them
 NETWORKS = {'base': (8453, 'USD Coin', '2'), 'base-sepolia': (84532, 'USDC', '2')}
+# network (version 1's name) -> its CAIP-2 name, as version 2 writes it
+CAIP2_NETWORKS = {'base': 'eip155:8453', 'base-sepolia': 'eip155:84532'}
+PAYMENT_HEADERS = {1: 'X-PAYMENT', 2: 'PAYMENT-SIGNATURE'}           # x402Version -> the header that carries it
+RESPONSE_HEADERS = {1: 'X-PAYMENT-RESPONSE', 2: 'PAYMENT-RESPONSE'}
 USDC_DECIMALS = 6
 # transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,uint8,bytes32,bytes32)
 TRANSFER_WITH_AUTHORIZATION = '0xe3ee160e'
@@ -53,23 +60,37 @@ def _invalid(message):
 
 # ----- the headers -----
 
-def decode_payment_header(header):
-    """The X-PAYMENT header (base64, standard or URL-safe, padding optional, of a JSON object) as a dict."""
+def decode_payment_header(header, name='X-PAYMENT'):
+    """A payment header `name` (base64, standard or URL-safe, padding optional, of a JSON object) as a dict."""
     if not isinstance(header, str) or len(header) > MAX_HEADER or not _BASE64.fullmatch(header.strip()):
-        raise _invalid('X-PAYMENT is not base64.')
+        raise _invalid(f'{name} is not base64.')
     text = header.strip().rstrip('=').replace('-', '+').replace('_', '/')
     try:
         payment = json.loads(base64.b64decode(text + '=' * (-len(text) % 4), validate=True).decode('utf-8'))
     except (ValueError, binascii.Error, RecursionError):
-        raise _invalid('X-PAYMENT is not base64 of a JSON object.') from None
+        raise _invalid(f'{name} is not base64 of a JSON object.') from None
     if not isinstance(payment, dict):
-        raise _invalid('X-PAYMENT is not base64 of a JSON object.')
+        raise _invalid(f'{name} is not base64 of a JSON object.')
     return payment
 
 
-def encode_payment_response(response):
-    """A dict as an X-PAYMENT-RESPONSE header value: standard base64 of its JSON."""
-    return base64.b64encode(json.dumps(response, separators=(',', ':')).encode('utf-8')).decode('ascii')
+def encode_header(value):
+    """A dict as an x402 header value (PAYMENT-REQUIRED, X-PAYMENT-RESPONSE, PAYMENT-RESPONSE): standard base64 of
+    its JSON, as the x402 SDK reads them."""
+    return base64.b64encode(json.dumps(value, separators=(',', ':')).encode('utf-8')).decode('ascii')
+
+
+def network_name(chain_id, x402_version):
+    """The network of `chain_id` as x402 version 1 ('base') or 2 ('eip155:8453', CAIP-2) names it; None for a
+    chain x402 is not offered on."""
+    name = next((name for name, (chain, _, _) in NETWORKS.items() if chain == int(chain_id)), None)
+    return CAIP2_NETWORKS.get(name) if x402_version == 2 else name
+
+
+def requirements_v2(*, chain_id, token, pay_to, amount, max_timeout_seconds, name, version):
+    """x402 version 2's PaymentRequirements of a price of `amount` base units of `token` to `pay_to`."""
+    return {'scheme': 'exact', 'network': network_name(chain_id, 2), 'amount': str(amount), 'asset': token,
+            'payTo': pay_to, 'maxTimeoutSeconds': max_timeout_seconds, 'extra': {'name': name, 'version': version}}
 
 
 # ----- checking a payment -----
@@ -83,14 +104,25 @@ AUTHORIZATION_CHECKS = ('decoded', 'version', 'scheme', 'network', 'signature', 
 ON_CHAIN_ONLY = ('payer', 'found', 'succeeded', 'confirmations', 'balance')     # left out without a node
 
 
+def check_names(form, x402_version, on_chain=True):
+    """The checks of a payment of this form and version, in order: version 2 adds `accepted` (the requirements
+    it names are those offered) after `network`; without a node, those of ON_CHAIN_ONLY are left out."""
+    names = [name for name in (PROOF_CHECKS if form == 'proof' else AUTHORIZATION_CHECKS)
+             if on_chain or name not in ON_CHAIN_ONLY]
+    if x402_version == 2:
+        names.insert(names.index('network') + 1, 'accepted')
+    return names
+
+
 @dataclass
 class Evaluation:
-    """What checking an X-PAYMENT found: its form ('proof', 'authorization' or None when it does not decode), every
+    """What checking a payment found: its form ('proof', 'authorization' or None when it does not decode), every
     check's result and the first failure (`error`), and what it pays with. Amounts are base units."""
 
     form: object
     checks: Checks
-    payment: object = None          # the decoded X-PAYMENT object
+    payment: object = None          # the decoded payment header's object
+    x402_version: int = 1           # the version of the header it came in: 1 (X-PAYMENT) or 2 (PAYMENT-SIGNATURE)
     payer: object = None
     amount: object = None           # form 1: moved on chain (claimed, without a node); form 2: authorized
     tx_hash: object = None          # form 1, lowercase
@@ -111,8 +143,11 @@ def _expect(condition, message, code):
         raise VerificationError(message, code)
 
 
-def _payload_form(payment):
-    """'proof' (form 1) or 'authorization' (form 2), told apart by the payload's keys."""
+def _payload_form(payment, x402_version):
+    """'proof' (form 1) or 'authorization' (form 2), told apart by the payload's keys; in version 2 the payment
+    must also name the requirements it pays (`accepted`)."""
+    if x402_version == 2 and not isinstance(payment.get('accepted'), dict):
+        raise _invalid('The payment has no `accepted` object (the one of `accepts` it pays, x402 version 2).')
     payload = payment.get('payload')
     if not isinstance(payload, dict):
         raise _invalid('The payment has no payload object.')
@@ -123,53 +158,80 @@ def _payload_form(payment):
     raise _invalid('The payload is neither a proof (txHash) nor an authorization (signature, authorization).')
 
 
-def _check_version(payment):
+def _terms(payment, x402_version):
+    """Where a payment names its scheme and network: at its top (version 1) or in `accepted` (version 2)."""
+    return payment['accepted'] if x402_version == 2 else payment
+
+
+def _check_version(payment, x402_version):
     version = payment.get('x402Version')
-    _expect(type(version) is int and version == 1, f'x402Version is {version!r}; only 1 is supported.',
+    _expect(type(version) is int and version == x402_version,
+            f'x402Version is {version!r}; {PAYMENT_HEADERS[x402_version]} carries version {x402_version}.',
             'payment_invalid')
 
 
-def _check_scheme(payment):
-    _expect(payment.get('scheme') == 'exact', f'The scheme is {payment.get("scheme")!r}; only "exact" is supported.',
+def _check_scheme(terms):
+    _expect(terms.get('scheme') == 'exact', f'The scheme is {terms.get("scheme")!r}; only "exact" is supported.',
             'payment_invalid')
 
 
-def _check_network(payment, chain_id):
-    network = payment.get('network')
+def _check_network(terms, chain_id, x402_version):
+    network = terms.get('network')
     if not isinstance(network, str):
         raise _invalid('The network is missing.')
-    _expect(network in NETWORKS and NETWORKS[network][0] == int(chain_id),
+    _expect(network == network_name(chain_id, x402_version),
             f'The payment is for network {network!r}, not for chain {chain_id}.', 'payment_wrong_chain')
+
+
+def _same_address(address, other):
+    return isinstance(address, str) and address.lower() == other.lower()
+
+
+def _check_accepted(accepted, offered):
+    """Version 2: the requirements a payment names (`accepted`) must be one offered, in scheme, network, amount,
+    asset and payTo."""
+    differ = [key for key in ('scheme', 'network', 'amount') if accepted.get(key) != offered[key]] + \
+             [key for key in ('asset', 'payTo') if not _same_address(accepted.get(key), offered[key])]
+    _expect(not differ, f'`accepted` is not one of the requirements offered: its {", ".join(differ)} differ from '
+            f'those of `accepts` (the PAYMENT-REQUIRED header of the 402).', 'payment_requirements_mismatch')
 
 
 def evaluate_payment(payment, *, chain_id, token, pay_to, min_amount, now, chain=None, confirmations=1,
                      max_age_seconds=None, tx_used=None, authorization_used=None, name=None, version=None,
-                     settle_within=0):
-    """Check an X-PAYMENT (the header's text, or the object it decodes to) against what is asked: `min_amount`
-    USDC base units of `token` to `pay_to` on `chain_id`, at `now` (unix seconds). Every check of its form runs
-    and is recorded (a node that does not answer raises ChainUnavailable). `chain` (a verifier.chain.Chain) is
-    asked what is on chain; without it those checks are left out. `tx_used(tx_hash)` and
-    `authorization_used(payer, nonce)` say whether the service has taken a proof already. The EIP-712 domain's
-    name and version default to those of the network's USDC (NETWORKS). An authorization must stay valid
-    `settle_within` seconds more, to be settled before it expires."""
+                     settle_within=0, x402_version=1):
+    """Check a payment (the header's text, or the object it decodes to) of x402 version `x402_version` (that of
+    the header it came in) against what is asked: `min_amount` USDC base units of `token` to `pay_to` on
+    `chain_id`, at `now` (unix seconds). Both versions go through the same checks; version 2's `accepted` must
+    also be the requirements offered. Every check of its form runs and is recorded (a node that does not answer
+    raises ChainUnavailable). `chain` (a verifier.chain.Chain) is asked what is on chain; without it those
+    checks are left out. `tx_used(tx_hash)` and `authorization_used(payer, nonce)` say whether the service has
+    taken a proof already. The EIP-712 domain's name and version default to those of the network's USDC
+    (NETWORKS). An authorization must stay valid `settle_within` seconds more, to be settled before it expires."""
+    if x402_version not in PAYMENT_HEADERS:
+        raise ValueError(f'x402 version {x402_version!r}: only 1 and 2 exist')
     try:
         if isinstance(payment, str):
-            payment = decode_payment_header(payment)
+            payment = decode_payment_header(payment, PAYMENT_HEADERS[x402_version])
         if not isinstance(payment, dict):
             raise _invalid('The payment is not a JSON object.')
-        form = _payload_form(payment)
+        form = _payload_form(payment, x402_version)
     except VerificationError as error:
         checks = Checks(('decoded',))
         checks.fail('decoded', error)
-        return Evaluation(None, checks)
-    names = PROOF_CHECKS if form == 'proof' else AUTHORIZATION_CHECKS
-    checks = Checks(names if chain is not None else [n for n in names if n not in ON_CHAIN_ONLY])
+        return Evaluation(None, checks, x402_version=x402_version)
+    names = check_names(form, x402_version, on_chain=chain is not None)
+    checks = Checks(names)
     checks.passed('decoded')
-    checks.run('version', _check_version, payment)
-    checks.run('scheme', _check_scheme, payment)
-    checks.run('network', _check_network, payment, chain_id)
-    evaluation = Evaluation(form, checks, payment)
-    later = names[names.index('network') + 1:]
+    terms = _terms(payment, x402_version)
+    checks.run('version', _check_version, payment, x402_version)
+    checks.run('scheme', _check_scheme, terms)
+    checks.run('network', _check_network, terms, chain_id, x402_version)
+    if x402_version == 2:
+        offered = {'scheme': 'exact', 'network': network_name(chain_id, 2), 'amount': str(min_amount), 'asset': token,
+                   'payTo': pay_to}
+        checks.run('accepted', _check_accepted, terms, offered)
+    evaluation = Evaluation(form, checks, payment, x402_version)
+    later = names[names.index('accepted' if x402_version == 2 else 'network') + 1:]
     try:
         if form == 'proof':
             _evaluate_proof(evaluation, chain=chain, chain_id=chain_id, token=token, pay_to=pay_to,
