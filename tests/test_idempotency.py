@@ -7,8 +7,8 @@ validation answers replayed, the 24-hour sweep, a paid x402 call, and every writ
 replay test below or a reason not to take keys).
 """
 
+import base64
 import concurrent.futures
-import hashlib
 import http.client
 import json
 import subprocess
@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 import uuid
-from datetime import timedelta
 
 import pytest
 import requests
@@ -174,11 +173,12 @@ def test_sigkill_in_the_middle_of_keyed_posts(tmp_path):
     server = LiveServer(path).start()
     api_key = register(server)
     keys = [new_key() for _ in range(60)]
+    bodies = {key: job_body(title=f'killed {key}') for key in keys}
     received = {}
 
     def send(key):
         try:
-            answer = post(server, '/api/jobs', job_body(title=f'killed {key}'), api_key, key)
+            answer = post(server, '/api/jobs', bodies[key], api_key, key)
         except requests.RequestException:
             return
         if answer.status_code == 201:
@@ -194,7 +194,7 @@ def test_sigkill_in_the_middle_of_keyed_posts(tmp_path):
         assert 15 <= len(received) < len(keys)
         server = LiveServer(path).start()
         for key in keys:
-            again = post(server, '/api/jobs', job_body(title=f'killed {key}'), api_key, key)
+            again = post(server, '/api/jobs', bodies[key], api_key, key)
             assert again.status_code == 201, again.text
             if key in received:
                 assert (again.content, again.headers['Idempotent-Replayed']) == (received[key], 'true')
@@ -288,6 +288,7 @@ def test_a_request_running_with_the_key_makes_the_second_409(client, app):
 # A paid x402 call ------------------------------------------------------------
 
 def test_a_paid_call_is_replayed_with_its_payment_response_and_paid_once(tmp_path, anvil, usdc):
+    from test_cards import header
     from test_x402 import ESCROW_KEY, PAY_TO, pay, proof
     settings = mp.Settings(db=str(tmp_path / 'paid.db'), rate_limits='off', admin_key=ADMIN_KEY,
                            public_url='http://market.test', rpc_url=anvil.url, escrow_key=ESCROW_KEY,
@@ -298,14 +299,17 @@ def test_a_paid_call_is_replayed_with_its_payment_response_and_paid_once(tmp_pat
         from conftest import Client
         client = Client(app)
         _, api_key = make_account(client)
-        key, payment = new_key(), proof(pay(anvil))
-        body = job_body(title='paid with x402', rail='stripe')
+        tx_hash = pay(anvil)
+        key, payment = new_key(), proof(tx_hash)
+        body = job_body(title='paid with x402', paymentCurrency='USD')      # simulated: no funding transfer
         first = client.post('/api/jobs', body, key=api_key, headers={'Idempotency-Key': key, 'X-PAYMENT': payment})
         assert first.status == 201, first
         again = client.post('/api/jobs', body, key=api_key, headers={'Idempotency-Key': key, 'X-PAYMENT': payment})
         assert (again.status, again.json) == (201, first.json)
-        assert again.headers['X-PAYMENT-RESPONSE'] == first.headers['X-PAYMENT-RESPONSE']
-        assert again.headers['Idempotent-Replayed'] == 'true'
+        paid = json.loads(base64.b64decode(header(first, 'X-PAYMENT-RESPONSE')))
+        assert (paid['success'], paid['transaction']) == (True, tx_hash)
+        assert header(again, 'X-PAYMENT-RESPONSE') == header(first, 'X-PAYMENT-RESPONSE')
+        assert header(again, 'Idempotent-Replayed') == 'true'
         db = app.service.db
         assert (db.value('SELECT count(*) FROM jobs'), db.value('SELECT count(*) FROM x402_payments')) == (1, 1)
         unpaid = client.post('/api/jobs', body, key=api_key, headers={'Idempotency-Key': new_key()})
