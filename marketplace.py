@@ -6916,7 +6916,10 @@ ERROR_RESPONSES = {
     405: ('MethodNotAllowed', 'The path does not take this method; `Allow` lists those it takes.', ('Allow',)),
     402: ('PaymentRequired', 'A payment is missing or does not check out; `code` names the failed check.',
           ('Retry-After',)),
-    409: ('Conflict', 'The resource is not in a state that allows this.', ()),
+    409: ('Conflict', 'The resource is not in a state that allows this (or the first request with this '
+                      'Idempotency-Key is still running: `idempotency_in_progress`).', ()),
+    422: ('IdempotencyKeyReused', 'This Idempotency-Key was used for another method, path or body in the last 24 '
+                                  'hours (`idempotency_key_reused`).', ()),
     413: ('BodyTooLarge', 'The request body is over 1 MiB.', ()),
     415: ('UnsupportedMediaType', 'The body is not declared Content-Type: application/json.', ()),
     503: ('Unavailable', 'The blockchain node (or the database) cannot answer now; retry later.', ('Retry-After',)),
@@ -6932,6 +6935,9 @@ API_HEADERS = {
     'X-RateLimit-Reset': {'description': 'Unix time (seconds) when the window resets.', 'schema': {'type': 'integer'}},
     'X-PAYMENT-RESPONSE': {'description': 'On a call paid with x402: base64 of {success, transaction, network, '
                                           'payer}.', 'schema': {'type': 'string'}},
+    'Idempotent-Replayed': {'description': '`true` on an answer given back for an Idempotency-Key sent before (the '
+                                           'first answer, byte for byte); absent otherwise.',
+                            'schema': {'type': 'string', 'enum': ['true']}},
 }
 RATE_LIMIT_HEADERS = ('X-RateLimit-Limit', 'X-RateLimit-Remaining', 'X-RateLimit-Reset')
 
@@ -6992,6 +6998,28 @@ def openapi_operation(path, entry):
     return operation
 
 
+IDEMPOTENCY_KEY_PARAMETER = {
+    'name': 'Idempotency-Key', 'in': 'header', 'required': False,
+    'schema': {'type': 'string', 'minLength': 1, 'maxLength': 255, 'pattern': '^[ -~]+$'},
+    'description': 'Makes a retry safe: the first request with a key runs and its answer is kept 24 hours; the same '
+                   'key again with the same method, path and body gets that answer back (Idempotent-Replayed: true) '
+                   'and nothing runs again. Keys are per account (per client address without an API key); 1 to 255 '
+                   'printable ASCII characters, a new UUID per request is best.'}
+
+
+def keyed_operation(operation):
+    """A write that takes an Idempotency-Key: the header, Idempotent-Replayed on its answers, its 400, 409 and 422."""
+    operation['parameters'] = operation.get('parameters', []) + [IDEMPOTENCY_KEY_PARAMETER]
+    responses = operation['responses']
+    for status, answer in responses.items():
+        if status.startswith('2'):
+            answer.setdefault('headers', {})['Idempotent-Replayed'] = {'$ref': '#/components/headers/Idempotent-Replayed'}
+    for status in (400, 409, 422):
+        responses.setdefault(str(status), {'$ref': f'#/components/responses/{ERROR_RESPONSES[status][0]}'})
+    operation['responses'] = dict(sorted(responses.items(), key=lambda item: (item[0] == 'default', item[0])))
+    return operation
+
+
 def priced_operation(operation, price):
     """An operation priced for x402: a key or an X-PAYMENT, a 402 with what to pay, X-PAYMENT-RESPONSE."""
     operation = json.loads(json.dumps(operation))
@@ -7027,6 +7055,8 @@ def openapi_document(base_url, prices=()):
     priced = {(price.method, price.rule): price for price in prices}
     for (method, path), entry in API_OPERATIONS.items():
         operation = openapi_operation(path, entry)
+        if method in ('POST', 'PATCH') and (method, path) not in UNKEYED_ROUTES:
+            operation = keyed_operation(operation)
         if (method, path) in priced:
             operation = priced_operation(operation, priced[(method, path)])
         paths.setdefault(openapi_path(path), {})[method.lower()] = operation
