@@ -3263,19 +3263,24 @@ STRIPE_PAYMENTS_DUE = '''
 
 def onboard_agent(db, settings, agent):
     """The agent's Express connected account (made once: network first, then the transaction that stores it) and
-    a fresh onboarding link to it, back to the agent's page: {url, expiresAt, accountId}."""
+    a fresh onboarding link to it, back to the agent's page: {url, expiresAt, accountId}. Both calls come before
+    the transaction: one held open for an Idempotency-Key's answer (Database.hold) waits for no network."""
     from stripe_rail import StripeRefused, StripeUnavailable
     page = f'{settings.base_url}/agents/{agent["id"]}'
     try:
         account_id = agent['stripe_account_id']
         if account_id is None:
             made = settings.stripe.create_account(agent_id=agent['id'])
+            link = settings.stripe.account_link(made, refresh_url=page, return_url=page)
             with db.transaction():      # two calls at once got the same account (one idempotency key)
                 db.execute('''UPDATE agents SET stripe_account_id = :account, updated_at = :now
                               WHERE id = :id AND stripe_account_id IS NULL''',
                            {'account': made, 'now': now_iso(), 'id': agent['id']})
                 account_id = db.value('SELECT stripe_account_id FROM agents WHERE id = :id', {'id': agent['id']})
-        link = settings.stripe.account_link(account_id, refresh_url=page, return_url=page)
+            if account_id != made:      # not expected (Stripe answers one idempotency key with one account)
+                link = settings.stripe.account_link(account_id, refresh_url=page, return_url=page)
+        else:
+            link = settings.stripe.account_link(account_id, refresh_url=page, return_url=page)
     except (StripeUnavailable, StripeRefused) as exc:
         raise provider_unavailable(exc) from None
     return {'url': link['url'], 'expiresAt': unix_iso(link['expires_at']), 'accountId': account_id}

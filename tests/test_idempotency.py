@@ -557,3 +557,30 @@ def test_the_stripe_webhook_ignores_a_key(client):
         assert_error(answer, 404, 'not_found')
         assert 'Idempotent-Replayed' not in answer.headers
     assert count(client, 'SELECT count(*) FROM idempotency_keys') == 0
+
+
+def test_the_second_process_to_finish_undoes_its_change_and_replays_the_first(settings, client, monkeypatch):
+    """Two servers on one database (tests/test_multiworker.py runs several): each runs the key, for neither saw the
+    other's answer when it began; the UNIQUE key of the answers makes the second one's commit fail, and with it
+    everything it changed; it answers with the first one's answer."""
+    _, api_key = make_account(client)
+    other = mp.make_app(settings)       # a second app, its own connection: another process as SQLite sees it
+    try:
+        from conftest import Client
+        key, body = new_key(), job_body(title='raced')
+        first = keyed(client, 'POST', '/api/jobs', body, api_key, key)
+        assert first.status == 201, first
+        looks = []
+        stored_answer = mp.stored_answer
+
+        def unseen_at_first(db, key_hash):      # the second app's two looks before it runs find nothing
+            looks.append(db is other.service.db)
+            return None if looks.count(True) <= 2 and looks[-1] else stored_answer(db, key_hash)
+        monkeypatch.setattr(mp, 'stored_answer', unseen_at_first)
+        second = keyed(Client(other), 'POST', '/api/jobs', body, api_key, key)
+        assert (second.status, second.json, second.headers['Idempotent-Replayed']) == (201, first.json, 'true')
+        db = client.app.service.db
+        assert db.value("SELECT count(*) FROM jobs WHERE title = 'raced'") == 1
+        assert db.value("SELECT count(*) FROM payments WHERE type = 'escrow'") == 1
+    finally:
+        other.service.close()
