@@ -467,7 +467,8 @@ def payment_error(exc):
 
 STATUS_CODES = {400: 'bad_request', 401: 'unauthorized', 403: 'forbidden', 404: 'not_found',
                 405: 'method_not_allowed', 409: 'conflict', 413: 'body_too_large',
-                415: 'unsupported_media_type', 429: 'rate_limited', 500: 'internal_error', 503: 'unavailable'}
+                415: 'unsupported_media_type', 422: 'unprocessable_entity', 429: 'rate_limited', 500: 'internal_error',
+                503: 'unavailable'}
 
 
 ###############################################################################
@@ -529,6 +530,7 @@ MIGRATIONS = {
                         SELECT tx_hash, 'x402_payments', id, nonce, raw_tx FROM x402_payments
                         WHERE raw_tx IS NOT NULL ORDER BY seq;''',
     },
+    7: {},      # idempotency keys (CONTRACT 14): schema.sql adds idempotency_keys, nothing else changes
 }
 
 
@@ -583,6 +585,7 @@ class Database:
                                          1, deterministic=True)       # Python's lower(); SQLite's folds ASCII only
         self._depth = 0
         self._writer = threading.RLock()     # gevent's under the server (monkey-patched): per greenlet
+        self._held = threading.local()       # hold(): per greenlet too (per thread in-process)
 
     def migrate(self, schema_sql=SCHEMA_SQL, migrations=MIGRATIONS):
         """Bring the database to the schema's version in one transaction: each pending migration's
@@ -605,7 +608,8 @@ class Database:
     def transaction(self):
         """One write transaction (BEGIN IMMEDIATE); inner uses in the same greenlet join the outer one. Another
         greenlet waits for it to end (the lock), so one that yields inside a transaction (a paid x402 call runs
-        its handler inside the transaction that consumes the payment) never mixes its writes with another's."""
+        its handler inside the transaction that consumes the payment) never mixes its writes with another's.
+        Under hold(), the first one that ends well stays open, and the later ones are savepoints in it."""
         with self._writer:
             if self._depth:
                 self._depth += 1
@@ -614,16 +618,70 @@ class Database:
                 finally:
                     self._depth -= 1
                 return
-            self.conn.execute('BEGIN IMMEDIATE')
+            held = self.held_state()
+            self.conn.execute('SAVEPOINT held' if held == 'open' else 'BEGIN IMMEDIATE')
             self._depth = 1
             try:
                 yield self
             except BaseException:
                 self._depth = 0
-                self.conn.execute('ROLLBACK')
+                self.conn.execute('ROLLBACK TO held; RELEASE held' if held == 'open' else 'ROLLBACK')
                 raise
             self._depth = 0
-            self.conn.execute('COMMIT')
+            if held == 'open':
+                self.conn.execute('RELEASE held')
+            elif self.held_state() == 'waiting':     # held since it began, or from inside it (a paid call)
+                self._writer.acquire()          # kept, with the transaction, until end_hold
+                self._held.state = 'open'
+            else:
+                self.conn.execute('COMMIT')
+
+    def held_state(self):
+        """This greenlet's hold: None, 'waiting' (for its first transaction) or 'open' (that transaction)."""
+        return getattr(self._held, 'state', None)
+
+    def hold(self):
+        """From now on in this greenlet, the outermost transaction that ends well does not commit: it stays open
+        (with the writer lock) for the later ones to join, until end_hold commits it with one last write (an
+        Idempotency-Key's answer stored in the transaction of the change it answers)."""
+        if self.held_state() is None:
+            self._held.state, self._held.after = 'waiting', []
+
+    def end_hold(self, last=None):
+        """Run `last(db)` in the held transaction (or in a transaction of its own when none was opened), commit,
+        then what after_commit put off. An exception rolls back everything held, and is raised."""
+        state, after = self.held_state(), getattr(self._held, 'after', [])
+        self._held.state, self._held.after = None, []
+        if state != 'open':
+            if last is not None:
+                with self.transaction():
+                    last(self)
+        else:
+            try:
+                if last is not None:
+                    last(self)
+                self.conn.execute('COMMIT')
+            except BaseException:
+                if self.conn.in_transaction:
+                    self.conn.execute('ROLLBACK')
+                raise
+            finally:
+                self._writer.release()
+        for work in after:
+            work()
+
+    def after_commit(self, work):
+        """Run `work()` now, or after end_hold commits when this greenlet holds an open transaction."""
+        if self.held_state() == 'open':
+            self._held.after.append(work)
+        else:
+            work()
+
+    def let_others_in(self):
+        """Yield to other greenlets between transactions, unless this one holds a transaction open: they would
+        read what it has not committed (and act on it, as the payouts broadcast would)."""
+        if self.held_state() != 'open':
+            time.sleep(0)
 
     def rows(self, sql, params=None):
         """Every row of a query as a dict."""
@@ -1317,11 +1375,14 @@ def parse_json_bytes(raw):
 # make_server skips gevent's draining then): a stranger's megabyte costs the service nothing.
 UNREAD_BODY = 'marketplace.unread_body'
 BODY_READ = 'marketplace.body_read'
+RAW_BODY = 'marketplace.raw_body'
 DRAIN_LIMIT = 64 * 1024
 
 
 def read_raw_body():
-    """The request body as bytes, as sent: 413 over 1 MiB."""
+    """The request body as bytes, as sent: 413 over 1 MiB. Read once: the same bytes again after."""
+    if RAW_BODY in request.environ:
+        return request.environ[RAW_BODY]
     request.environ[BODY_READ] = True
     length = request.content_length
     if length > MAX_BODY:
@@ -1330,6 +1391,7 @@ def read_raw_body():
     raw = stream.read(length) if length >= 0 else stream.read(MAX_BODY + 1)
     if len(raw) > MAX_BODY:
         raise BodyTooLarge()
+    request.environ[RAW_BODY] = raw
     return raw
 
 
@@ -1762,6 +1824,134 @@ def client_ip():
         if hops:
             return hops[-1]
     return request.environ.get('REMOTE_ADDR', '')
+
+
+###############################################################################
+# Idempotency keys ############################################################
+###############################################################################
+
+# A POST or PATCH sent with an Idempotency-Key runs once (CONTRACT.md 14): its answer is stored in the transaction
+# of the change it answers (Database.hold) and given back for the same key, method, path and body.
+IDEMPOTENCY_KEY = re.compile(r'[\x20-\x7e]{1,255}')
+IDEMPOTENCY_KEEP = timedelta(hours=24)
+# Routes that ignore the header, and why (tests/test_idempotency.py walks ROUTES for the others).
+UNKEYED_ROUTES = {('POST', '/api/stripe/webhook'): 'Stripe sends no Idempotency-Key: its events are applied once by '
+                                                  'their event id already.'}
+# What a replay gives back besides the status and the body; the rate-limit headers are the replay's own.
+REPLAYED_HEADERS = ('Content-Type', 'Location', 'X-PAYMENT-RESPONSE', 'PAYMENT-RESPONSE')
+# Answers not stored, besides 5xx: 429, and 402, for a call refused for its payment is sent again with a payment
+# and the same key. (409 idempotency_in_progress never reaches the store.)
+UNSTORED_STATUSES = (402, 429)
+
+
+class IdempotencyKeyReused(APIError):
+    status = 422
+    code = 'idempotency_key_reused'
+    message = ('This Idempotency-Key was used for another request (another method, path or body) in the last 24 '
+               'hours; use a new key for a new request.')
+
+
+class IdempotencyInProgress(APIError):
+    status = 409
+    code = 'idempotency_in_progress'
+    message = 'The first request with this Idempotency-Key is still running; send it again in a moment.'
+
+
+def read_idempotency_key(header):
+    """The Idempotency-Key as sent, if it is 1 to 255 printable ASCII characters; else 400."""
+    if not IDEMPOTENCY_KEY.fullmatch(header):
+        raise BadRequest('Idempotency-Key must be 1 to 255 printable ASCII characters (a UUID is a good one).',
+                         code='invalid_idempotency_key', fields={'Idempotency-Key': 'must be 1 to 255 printable '
+                                                                                    'ASCII characters'})
+    return header
+
+
+def idempotency_scope(account, ip):
+    """Whose keys these are: the caller's account, or its address group without a (valid) API key."""
+    return f'account:{account["id"]}' if account else f'ip:{address_group(ip)}'
+
+
+def idempotency_key_hash(scope, key):
+    """The row's name: a hash of the scope and the key (the key itself is never stored)."""
+    return hashlib.sha256(f'{scope}\n{key}'.encode('utf-8')).hexdigest()
+
+
+def answer_sealing_key(scope, key):
+    """The AES key of a stored answer: HMAC-SHA256 of the scope under the Idempotency-Key, known only to its holder."""
+    return hmac.new(key.encode('utf-8'), f'answer\n{scope}'.encode('utf-8'), hashlib.sha256).digest()
+
+
+def request_fingerprint(method, target, raw):
+    """A hash of what a request asks: method, path with query, and the body compared as parsed JSON (keys sorted;
+    the bytes themselves when it is not JSON; an empty body as such)."""
+    if not raw.strip():
+        body = b'empty'
+    else:
+        try:
+            body = b'json:' + orjson.dumps(parse_json_bytes(raw), option=orjson.OPT_SORT_KEYS)
+        except (APIError, orjson.JSONEncodeError):      # not JSON, or integers beyond 64 bits: the bytes
+            body = b'raw:' + raw
+    digest = hashlib.sha256(f'{method} {target}\n'.encode('utf-8'))
+    digest.update(body)
+    return digest.hexdigest()
+
+
+def seal_answer(secret, headers, body):
+    """AES-GCM of an answer's headers and body: nonce, ciphertext, tag."""
+    from Crypto.Cipher import AES
+    nonce = secrets.token_bytes(12)
+    cipher = AES.new(secret, AES.MODE_GCM, nonce=nonce)
+    ciphertext, tag = cipher.encrypt_and_digest(orjson.dumps(headers) + b'\n' + body)
+    return nonce + ciphertext + tag
+
+
+def open_answer(secret, sealed):
+    """The (headers, body) of a sealed answer."""
+    from Crypto.Cipher import AES
+    cipher = AES.new(secret, AES.MODE_GCM, nonce=sealed[:12])
+    plain = cipher.decrypt_and_verify(sealed[12:-16], sealed[-16:])
+    headers, _, body = plain.partition(b'\n')
+    return orjson.loads(headers), body
+
+
+def stored_answer(db, key_hash):
+    return db.row('SELECT * FROM idempotency_keys WHERE key_hash = :hash', {'hash': key_hash})
+
+
+def store_answer(db, key_hash, fingerprint, status, sealed):
+    """Store an answer (in the caller's transaction); ConstraintError when the key has one already."""
+    db.insert('idempotency_keys', {'key_hash': key_hash, 'fingerprint': fingerprint, 'status': status,
+                                   'sealed': sealed, 'created_at': now_iso()})
+
+
+def forget_idempotency_keys(db):
+    """Delete the answers stored over 24 hours ago; how many (logged)."""
+    with db.transaction():
+        deleted = db.execute('DELETE FROM idempotency_keys WHERE created_at < :before',
+                             {'before': iso(now() - IDEMPOTENCY_KEEP)})
+    if deleted:
+        log.info('sweep: forgot %d Idempotency-Key answers over 24 hours old', deleted)
+    return deleted
+
+
+class RunningKeys:
+    """The keys whose first request is running in this process (another request with one: 409)."""
+
+    def __init__(self):
+        self.running = set()
+        self.lock = threading.Lock()
+
+    @contextmanager
+    def running_once(self, key_hash):
+        with self.lock:
+            if key_hash in self.running:
+                raise IdempotencyInProgress()
+            self.running.add(key_hash)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.running.discard(key_hash)
 
 
 ###############################################################################
@@ -3072,19 +3262,24 @@ STRIPE_PAYMENTS_DUE = '''
 
 def onboard_agent(db, settings, agent):
     """The agent's Express connected account (made once: network first, then the transaction that stores it) and
-    a fresh onboarding link to it, back to the agent's page: {url, expiresAt, accountId}."""
+    a fresh onboarding link to it, back to the agent's page: {url, expiresAt, accountId}. Both calls come before
+    the transaction: one held open for an Idempotency-Key's answer (Database.hold) waits for no network."""
     from stripe_rail import StripeRefused, StripeUnavailable
     page = f'{settings.base_url}/agents/{agent["id"]}'
     try:
         account_id = agent['stripe_account_id']
         if account_id is None:
             made = settings.stripe.create_account(agent_id=agent['id'])
+            link = settings.stripe.account_link(made, refresh_url=page, return_url=page)
             with db.transaction():      # two calls at once got the same account (one idempotency key)
                 db.execute('''UPDATE agents SET stripe_account_id = :account, updated_at = :now
                               WHERE id = :id AND stripe_account_id IS NULL''',
                            {'account': made, 'now': now_iso(), 'id': agent['id']})
                 account_id = db.value('SELECT stripe_account_id FROM agents WHERE id = :id', {'id': agent['id']})
-        link = settings.stripe.account_link(account_id, refresh_url=page, return_url=page)
+            if account_id != made:      # not expected (Stripe answers one idempotency key with one account)
+                link = settings.stripe.account_link(account_id, refresh_url=page, return_url=page)
+        else:
+            link = settings.stripe.account_link(account_id, refresh_url=page, return_url=page)
     except (StripeUnavailable, StripeRefused) as exc:
         raise provider_unavailable(exc) from None
     return {'url': link['url'], 'expiresAt': unix_iso(link['expires_at']), 'accountId': account_id}
@@ -3156,7 +3351,7 @@ def expire_overdue_jobs(db, settings):
     overdue = [row['id'] for row in db.rows('''SELECT id FROM jobs WHERE deadline <= :now
         AND status IN ('open', 'claimed', 'delivered', 'disputed') ORDER BY deadline''', {'now': now_iso()})]
     for job_id in overdue:
-        time.sleep(0)     # under gevent, let requests in between jobs (each job is its own transaction)
+        db.let_others_in()     # under gevent, let requests in between jobs (each job is its own transaction)
         try:
             penalties, ended, refunded = expire_job(db, settings, job_id)
         except Unavailable as exc:          # funded on chain, and no chain here: leave it for a server that has one
@@ -3172,7 +3367,7 @@ def expire_overdue_jobs(db, settings):
         AND j.deadline > :now AND {CLAIM_DUE_SQL} <= :now
         ORDER BY c.created_at, c.rowid''', {'now': now_iso()})
     for row in overdue_claims:
-        time.sleep(0)     # as above
+        db.let_others_in()     # as above
         with db.transaction():
             claim = get_claim(db, row['job_id'], row['id'])
             if claim['status'] == 'claimed':        # not delivered or released since the list was read
@@ -3210,7 +3405,7 @@ def auto_verify_deliveries(db, settings):
     result = {'autoApproved': 0, 'claimIds': [], 'checked': len(delivered)}
     moment = now()
     for row in delivered:
-        time.sleep(0)     # as in expire_overdue_jobs
+        db.let_others_in()     # as in expire_overdue_jobs
         if parse_time(row['delivered_at']) + timedelta(hours=row['verification_window_hours']) > moment:
             continue
         with db.transaction():
@@ -3230,7 +3425,8 @@ def auto_verify_deliveries(db, settings):
 def run_sweeps(db, settings, fan_out=True):
     """Both sweeps once (expiry first, so that an overdue job with nothing delivered cannot be approved);
     on chain, then send the new payouts and confirm the pending ones; in stripe mode, then settle the Checkout
-    Sessions of jobs still pending_payment (reconcile_checkouts: their `opened` jobs are the caller's to publish)."""
+    Sessions of jobs still pending_payment (reconcile_checkouts: their `opened` jobs are the caller's to publish);
+    then forget the Idempotency-Key answers over 24 hours old."""
     result = {'expire': expire_overdue_jobs(db, settings), 'autoVerify': auto_verify_deliveries(db, settings)}
     if settings.onchain:
         settings.onchain.broadcast(db)
@@ -3238,6 +3434,7 @@ def run_sweeps(db, settings, fan_out=True):
     if settings.stripe:
         result['checkouts'] = reconcile_checkouts(db, settings)
         result['stripePayments'] = send_stripe_payments(db, settings)
+    forget_idempotency_keys(db)     # not in the result, whose shape scripts and tests read
     if fan_out:             # the server's fan-out greenlet does it there
         fan_out_events(db)  # the events of this sweep, and any a stopped server left unexpanded
     return result
@@ -3477,8 +3674,9 @@ class StreamHub:
     and a post wakes only the streams whose filter the job passes.
     """
 
-    def __init__(self, base_url):
+    def __init__(self, base_url, db=None):
         self.base_url = base_url
+        self.db = db            # publish waits for a held transaction (Database.hold) to commit
         self.streams = {}
         self.closed = False
 
@@ -3491,6 +3689,13 @@ class StreamHub:
         self.streams.pop(queue, None)
 
     def publish(self, job):
+        """Offer a committed job to the streams: now, or once the transaction this greenlet holds commits."""
+        if self.db is None:
+            self.offer(job)
+        else:
+            self.db.after_commit(functools.partial(self.offer, job))
+
+    def offer(self, job):
         """Offer a committed job to every stream that wants it (a stream 1,000 jobs behind misses it).
         The event is rendered once, whatever the number of streams."""
         event = None
@@ -6803,7 +7008,10 @@ ERROR_RESPONSES = {
     405: ('MethodNotAllowed', 'The path does not take this method; `Allow` lists those it takes.', ('Allow',)),
     402: ('PaymentRequired', 'A payment is missing or does not check out; `code` names the failed check.',
           ('Retry-After',)),
-    409: ('Conflict', 'The resource is not in a state that allows this.', ()),
+    409: ('Conflict', 'The resource is not in a state that allows this (or the first request with this '
+                      'Idempotency-Key is still running: `idempotency_in_progress`).', ()),
+    422: ('IdempotencyKeyReused', 'This Idempotency-Key was used for another method, path or body in the last 24 '
+                                  'hours (`idempotency_key_reused`).', ()),
     413: ('BodyTooLarge', 'The request body is over 1 MiB.', ()),
     415: ('UnsupportedMediaType', 'The body is not declared Content-Type: application/json.', ()),
     503: ('Unavailable', 'The blockchain node (or the database) cannot answer now; retry later.', ('Retry-After',)),
@@ -6826,6 +7034,9 @@ API_HEADERS = {
     'PAYMENT-REQUIRED': {'description': 'On the 402 of an x402-priced call: base64 of x402 v2\'s PaymentRequired '
                                         '{x402Version: 2, error, resource: {url, description, mimeType}, accepts}.',
                          'schema': {'type': 'string'}},
+    'Idempotent-Replayed': {'description': '`true` on an answer given back for an Idempotency-Key sent before (the '
+                                           'first answer, byte for byte); absent otherwise.',
+                            'schema': {'type': 'string', 'enum': ['true']}},
 }
 RATE_LIMIT_HEADERS = ('X-RateLimit-Limit', 'X-RateLimit-Remaining', 'X-RateLimit-Reset')
 
@@ -6886,6 +7097,28 @@ def openapi_operation(path, entry):
     return operation
 
 
+IDEMPOTENCY_KEY_PARAMETER = {
+    'name': 'Idempotency-Key', 'in': 'header', 'required': False,
+    'schema': {'type': 'string', 'minLength': 1, 'maxLength': 255, 'pattern': '^[ -~]+$'},
+    'description': 'Makes a retry safe: the first request with a key runs and its answer is kept 24 hours; the same '
+                   'key again with the same method, path and body gets that answer back (Idempotent-Replayed: true) '
+                   'and nothing runs again. Keys are per account (per client address without an API key); 1 to 255 '
+                   'printable ASCII characters, a new UUID per request is best.'}
+
+
+def keyed_operation(operation):
+    """A write that takes an Idempotency-Key: the header, Idempotent-Replayed on its answers, its 400, 409 and 422."""
+    operation['parameters'] = operation.get('parameters', []) + [IDEMPOTENCY_KEY_PARAMETER]
+    responses = operation['responses']
+    for status, answer in responses.items():
+        if status.startswith('2'):
+            answer.setdefault('headers', {})['Idempotent-Replayed'] = {'$ref': '#/components/headers/Idempotent-Replayed'}
+    for status in (400, 409, 422):
+        responses.setdefault(str(status), {'$ref': f'#/components/responses/{ERROR_RESPONSES[status][0]}'})
+    operation['responses'] = dict(sorted(responses.items(), key=lambda item: (item[0] == 'default', item[0])))
+    return operation
+
+
 def priced_operation(operation, price):
     """An operation priced for x402 (versions 1 and 2): a key or a payment header, a 402 with what to pay (body and
     PAYMENT-REQUIRED), the receipt header of each version."""
@@ -6926,6 +7159,8 @@ def openapi_document(base_url, prices=()):
     priced = {(price.method, price.rule): price for price in prices}
     for (method, path), entry in API_OPERATIONS.items():
         operation = openapi_operation(path, entry)
+        if method in ('POST', 'PATCH') and (method, path) not in UNKEYED_ROUTES:
+            operation = keyed_operation(operation)
         if (method, path) in priced:
             operation = priced_operation(operation, priced[(method, path)])
         paths.setdefault(openapi_path(path), {})[method.lower()] = operation
@@ -6996,11 +7231,12 @@ class Service:
         if settings.admin_key:
             ensure_admin_key(self.db, settings.admin_key)
         self.limiter = RateLimiter(settings.rate_limit_scale)
-        self.hub = StreamHub(settings.base_url)
+        self.hub = StreamHub(settings.base_url, self.db)
         self.webhooks = webhook_session(settings.allow_private_webhooks)
         self.openapi = openapi_document(settings.base_url, settings.x402_price)   # fails on an undocumented route
         self.background = False     # True under the server: network work then runs in its own greenlet
         self.fan_out_wanted = None  # under the server: the gevent Event that wakes the fan-out greenlet
+        self.running_keys = RunningKeys()   # Idempotency-Keys whose first request is running here
         try:
             if settings.rpc_url:
                 settings.onchain = OnChain(settings)
@@ -7077,56 +7313,137 @@ def make_app(settings):
         if '<' not in path:
             static_methods.setdefault(path, set()).add(method)
 
+    def check_request(bucket):
+        """What every API request passes before its handler: sizes, the method, the rate limit."""
+        if request.content_length > MAX_BODY:
+            raise BodyTooLarge()
+        if request.query_string.count('&') >= MAX_QUERY_PARAMS:
+            raise BadRequest(f'A request takes at most {MAX_QUERY_PARAMS} query parameters.',
+                             code='invalid_parameter')
+        # A static path of another method wins over a dynamic one: GET /api/jobs/expire is a 405.
+        allowed = static_methods.get(request.path)
+        if allowed and request.route.rule != request.path:
+            raise MethodNotAllowed(allowed)
+        if bucket and settings.rate_limits == 'on' and not is_admin(caller()):
+            ok, headers = app.service.limiter.hit(bucket, client_ip())
+            for name, value in headers.items():
+                response.set_header(name, value)
+            if not ok:
+                raise RateLimited(f'Too many requests; try again in {headers["Retry-After"]} seconds.')
+
+    def run(handler, params, hold=None):
+        """The handler's answer as bytes (an APIError's JSON included) and whether it succeeded. `hold` is called
+        just before the handler runs: for a paid call, inside the transaction that consumes the payment."""
+        def held_handler(**params):
+            hold()
+            return handler(**params)
+        try:
+            method = 'GET' if request.method == 'HEAD' else request.method      # Bottle serves HEAD with GET
+            price = app.service.x402 and app.service.x402.prices.get((method, request.route.rule))
+            if price and not x402_exempt(caller()):     # priced for x402: every caller pays but the exempt
+                if caller() is None and request.get_header('Authorization'):
+                    raise Unauthorized('The API key is unknown or revoked (or pay with x402, without a key).')
+                result = app.service.x402.answer(price, held_handler if hold else handler, params, caller())
+            else:
+                if hold:
+                    hold()
+                result = handler(**params)
+        except APIError as error:
+            close_unread_body()
+            return send_error(error), False
+        except VerificationError as error:
+            return send_error(payment_error(error)), False
+        except apsw.BusyError:
+            log.warning('database busy: %s %s', request.method, request.path)
+            return send_error(Unavailable('The database is busy; retry in a moment.',
+                                          headers={'Retry-After': '1'})), False
+        close_unread_body()
+        if isinstance(result, dict):
+            response.content_type = JSON_TYPE
+            return json_bytes(result), True
+        return result, True
+
+    def after_write(before):
+        """The work a write's committed change starts: webhook fan-out, payouts on chain and through Stripe."""
+        app.service.fan_out()
+        if settings.onchain:
+            app.service.broadcast_payouts()
+        if before is not None:
+            app.service.send_stripe_payouts(before)
+
+    def replay(stored, fingerprint, secret):
+        """A stored answer given back byte for byte (Idempotent-Replayed), or 422 for another request."""
+        for name in REPLAYED_HEADERS:       # those a handler whose change was undone may have set
+            response.headers.pop(name, None)
+        if not hmac.compare_digest(stored['fingerprint'], fingerprint):
+            raise IdempotencyKeyReused()
+        headers, body = open_answer(secret, stored['sealed'])
+        response.status = stored['status']
+        for name, value in headers:
+            response.set_header(name, value)
+        response.set_header('Idempotent-Replayed', 'true')
+        return body
+
+    def keyed(handler, params, key, before):
+        """A request with an Idempotency-Key: a replay, or the handler run once with its answer stored in the
+        transaction of its change (Database.hold), committed before the work that change starts."""
+        db = app.service.db
+        scope = idempotency_scope(caller(), client_ip())
+        key_hash, secret = idempotency_key_hash(scope, key), answer_sealing_key(scope, key)
+        fingerprint = request_fingerprint(request.method, request.path + (
+            '?' + request.query_string if request.query_string else ''), read_raw_body())
+        stored = stored_answer(db, key_hash)
+        if stored is not None:
+            return replay(stored, fingerprint, secret)
+        with app.service.running_keys.running_once(key_hash):
+            stored = stored_answer(db, key_hash)        # finished between the two looks, in another thread
+            if stored is not None:
+                return replay(stored, fingerprint, secret)
+            paid = bool(app.service.x402) and (request.method, request.route.rule) in app.service.x402.prices
+            if not paid:
+                db.hold()
+            try:
+                body, succeeded = run(handler, params, hold=db.hold if paid else None)
+            except BaseException:
+                db.end_hold()       # what the handler changed commits, as without a key; nothing is stored
+                raise
+            status = response.status_code
+            if status >= 500 or status in UNSTORED_STATUSES:
+                db.end_hold()
+            else:
+                headers = [[name, response.headers[name]] for name in REPLAYED_HEADERS if name in response.headers]
+                sealed = seal_answer(secret, headers, body)
+                try:
+                    db.end_hold(lambda db: store_answer(db, key_hash, fingerprint, status, sealed))
+                except apsw.ConstraintError:    # another process answered this key first: this change is undone
+                    return replay(stored_answer(db, key_hash), fingerprint, secret)
+        if succeeded:
+            after_write(before)
+        return body
+
     def api(handler, bucket):
         def wrapper(**params):
+            before = None
             try:
-                if request.content_length > MAX_BODY:
-                    raise BodyTooLarge()
-                if request.query_string.count('&') >= MAX_QUERY_PARAMS:
-                    raise BadRequest(f'A request takes at most {MAX_QUERY_PARAMS} query parameters.',
-                                     code='invalid_parameter')
-                # A static path of another method wins over a dynamic one: GET /api/jobs/expire is a 405.
-                allowed = static_methods.get(request.path)
-                if allowed and request.route.rule != request.path:
-                    raise MethodNotAllowed(allowed)
-                if bucket and settings.rate_limits == 'on' and not is_admin(caller()):
-                    ok, headers = app.service.limiter.hit(bucket, client_ip())
-                    for name, value in headers.items():
-                        response.set_header(name, value)
-                    if not ok:
-                        raise RateLimited(f'Too many requests; try again in {headers["Retry-After"]} seconds.')
-                method = 'GET' if request.method == 'HEAD' else request.method      # Bottle serves HEAD with GET
+                check_request(bucket)
                 # in stripe mode, the payments this request records are sent after it (send_stripe_payouts)
-                before = None
-                if app.service.stripe is not None and method != 'GET':
+                if app.service.stripe is not None and request.method not in ('GET', 'HEAD'):
                     before = app.service.db.value('SELECT coalesce(max(seq), 0) FROM payments')
-                price = app.service.x402 and app.service.x402.prices.get((method, request.route.rule))
-                if price and not x402_exempt(caller()):     # priced for x402: every caller pays but the exempt
-                    if caller() is None and request.get_header('Authorization'):
-                        raise Unauthorized('The API key is unknown or revoked (or pay with x402, without a key).')
-                    result = app.service.x402.answer(price, handler, params, caller())
-                else:
-                    result = handler(**params)
+                key = request.environ.get('HTTP_IDEMPOTENCY_KEY')    # as sent (bottle's get_header decodes UTF-8)
+                if key is not None and request.method in ('POST', 'PATCH') and \
+                        (request.method, request.route.rule) not in UNKEYED_ROUTES:
+                    return keyed(handler, params, read_idempotency_key(key), before)
             except APIError as error:
                 close_unread_body()
                 return send_error(error)
-            except VerificationError as error:
-                return send_error(payment_error(error))
             except apsw.BusyError:
                 log.warning('database busy: %s %s', request.method, request.path)
                 return send_error(Unavailable('The database is busy; retry in a moment.',
                                               headers={'Retry-After': '1'}))
-            if request.method != 'GET':
-                app.service.fan_out()
-            if request.method != 'GET' and settings.onchain:
-                app.service.broadcast_payouts()
-            close_unread_body()
-            if before is not None:
-                app.service.send_stripe_payouts(before)
-            if isinstance(result, dict):
-                response.content_type = JSON_TYPE
-                return json_bytes(result)
-            return result
+            body, succeeded = run(handler, params)
+            if succeeded and request.method not in ('GET', 'HEAD'):
+                after_write(before)
+            return body
         return wrapper
 
     for method, path, handler, bucket in ROUTES:

@@ -370,4 +370,17 @@ CREATE TABLE IF NOT EXISTS webhook_events (
 );
 CREATE INDEX IF NOT EXISTS webhook_events_pending ON webhook_events(seq) WHERE expanded_at IS NULL;
 
-PRAGMA user_version = 6;
+-- The answers to requests sent with an Idempotency-Key (CONTRACT 14), each stored in the transaction of the change
+-- it answers and kept 24 hours (the sweep deletes older ones). A row is named by the hash of the caller's scope
+-- and the key, never by the key; the answer's headers and body are sealed (AES-GCM) with a key derived from the
+-- Idempotency-Key, so the database alone never shows an answer's secrets (a new account's API key).
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    key_hash          TEXT PRIMARY KEY,         -- hex sha256 of the scope and the key
+    fingerprint       TEXT NOT NULL,            -- hex sha256 of the method, the path and the body
+    status            INTEGER NOT NULL,
+    sealed            BLOB NOT NULL,            -- nonce, ciphertext and tag of {headers, body}
+    created_at        TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_created ON idempotency_keys(created_at);
+
+PRAGMA user_version = 7;
