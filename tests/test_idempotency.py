@@ -287,9 +287,11 @@ def test_a_request_running_with_the_key_makes_the_second_409(client, app):
 
 # A paid x402 call ------------------------------------------------------------
 
-def test_a_paid_call_is_replayed_with_its_payment_response_and_paid_once(tmp_path, anvil, usdc):
+@pytest.mark.parametrize('version', [1, 2])
+def test_a_paid_call_is_replayed_with_its_payment_response_and_paid_once(tmp_path, anvil, usdc, version):
     from test_cards import header
-    from test_x402 import ESCROW_KEY, PAY_TO, pay, proof
+    from test_x402 import ESCROW_KEY, PAY_TO, REQUIREMENTS_V2, pay, proof
+    from test_x402_verifier import header_of
     settings = mp.Settings(db=str(tmp_path / 'paid.db'), rate_limits='off', admin_key=ADMIN_KEY,
                            public_url='http://market.test', rpc_url=anvil.url, escrow_key=ESCROW_KEY,
                            confirmations=1, x402_price=mp.parse_prices('POST /api/jobs=0.01'), x402_pay_to=PAY_TO,
@@ -301,14 +303,19 @@ def test_a_paid_call_is_replayed_with_its_payment_response_and_paid_once(tmp_pat
         _, api_key = make_account(client)
         tx_hash = pay(anvil)
         key, payment = new_key(), proof(tx_hash)
+        if version == 2:        # the same proof as x402 version 2 carries it, naming the requirements it pays
+            payload = json.loads(base64.b64decode(payment))['payload']
+            payment = header_of({'x402Version': 2, 'accepted': REQUIREMENTS_V2, 'payload': payload})
+        sent, receipt = {1: ('X-PAYMENT', 'X-PAYMENT-RESPONSE'), 2: ('PAYMENT-SIGNATURE', 'PAYMENT-RESPONSE')}[version]
         body = job_body(title='paid with x402', paymentCurrency='USD')      # simulated: no funding transfer
-        first = client.post('/api/jobs', body, key=api_key, headers={'Idempotency-Key': key, 'X-PAYMENT': payment})
+        first = client.post('/api/jobs', body, key=api_key, headers={'Idempotency-Key': key, sent: payment})
         assert first.status == 201, first
-        again = client.post('/api/jobs', body, key=api_key, headers={'Idempotency-Key': key, 'X-PAYMENT': payment})
+        again = client.post('/api/jobs', body, key=api_key, headers={'Idempotency-Key': key, sent: payment})
         assert (again.status, again.json) == (201, first.json)
-        paid = json.loads(base64.b64decode(header(first, 'X-PAYMENT-RESPONSE')))
-        assert (paid['success'], paid['transaction']) == (True, tx_hash)
-        assert header(again, 'X-PAYMENT-RESPONSE') == header(first, 'X-PAYMENT-RESPONSE')
+        paid = json.loads(base64.b64decode(header(first, receipt)))
+        assert (paid['success'], paid['transaction'], paid['network']) == \
+            (True, tx_hash, {1: 'base', 2: 'eip155:8453'}[version])
+        assert header(again, receipt) == header(first, receipt)
         assert header(again, 'Idempotent-Replayed') == 'true'
         db = app.service.db
         assert (db.value('SELECT count(*) FROM jobs'), db.value('SELECT count(*) FROM x402_payments')) == (1, 1)
