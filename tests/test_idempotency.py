@@ -104,6 +104,18 @@ def test_the_same_key_for_another_request_is_422(server):
     assert jobs_titled(server.db, body['title']) == (1, 1)
 
 
+def test_a_validation_answer_is_replayed_by_the_real_server(server):
+    api_key, key = register(server), new_key()
+    body = job_body(title=f'invalid {key}', paymentAmount=25)            # a JSON number: 400 (money is a string)
+    refused = post(server, '/api/jobs', body, api_key, key)
+    assert (refused.status_code, refused.json()['code']) == (400, 'validation_failed'), refused.text
+    again = post(server, '/api/jobs', body, api_key, key)
+    assert (again.status_code, again.content, again.headers['Idempotent-Replayed']) == (400, refused.content, 'true')
+    corrected = post(server, '/api/jobs', dict(body, paymentAmount='25.00'), api_key, key)     # another body
+    assert (corrected.status_code, corrected.json()['code']) == (422, 'idempotency_key_reused')
+    assert jobs_titled(server.db, body['title']) == (0, 0)
+
+
 def test_keys_are_per_account(server):
     key = new_key()
     body = job_body(title=f'two accounts {key}')
