@@ -8,6 +8,7 @@ Run it:
     python marketplace.py keys list | keys revoke KEY_ID
     python marketplace.py sweep                      # expire overdue jobs, auto-approve deliveries
     python marketplace.py backup PATH                # online SQLite backup
+    python marketplace.py restore --replica-url URL --db PATH [--timestamp ISO]   # from Litestream's replica
     python marketplace.py check-ledger               # does every job's money add up?
 
 Every setting is a --flag and a MARKETPLACE_<NAME> environment variable; see SETTINGS below
@@ -62,6 +63,7 @@ from bottle import request, response
 
 from verifier.addresses import address_problem
 from verifier.errors import ChainUnavailable, FeeTooLow, VerificationError
+import replication
 from verifier.redact import SecretFilter, redact_url, url_secrets, without_secrets
 
 HERE = Path(__file__).resolve().parent
@@ -286,6 +288,10 @@ SETTINGS = [
     Setting('stripe_api_base', 'https://api.stripe.com', str, 'where the Stripe API is (tests point it at a fake)'),
     Setting('stripe_checkout_minutes', 60, parse_range(30, 1440),
             'minutes a Checkout Session stays open for the requester to pay (30 to 1440)'),
+    Setting('replica_url', '', str,
+            'stream the database to file:///dir or s3://bucket/path with Litestream (every second); '
+            'credentials from AWS_*'),
+    Setting('replica_endpoint', '', str, 'the endpoint of an S3-compatible store for --replica-url (http(s)://host)'),
 ]
 
 
@@ -563,7 +569,8 @@ SCHEMA_VERSION = schema_version(SCHEMA_SQL)
 
 
 class Database:
-    """One apsw connection with WAL, synchronous=FULL, foreign keys and a busy timeout.
+    """One apsw connection with WAL, synchronous=FULL, foreign keys and a busy timeout; `replicated` leaves the
+    checkpoints to Litestream (no automatic checkpoint here), which must copy every WAL frame before it goes.
 
     The server shares one connection between greenlets. SQLite calls never yield to gevent, so a
     transaction runs whole without interleaving as long as it does no network I/O and no sleep. The one
@@ -572,15 +579,17 @@ class Database:
     it, though their plain reads may see its writes before they commit.
     """
 
-    def __init__(self, path):
+    def __init__(self, path, replicated=False):
         self.path = str(path)
         self.conn = apsw.Connection(self.path)
-        self.conn.set_busy_timeout(5000)
+        self.conn.set_busy_timeout(5000)        # also while Litestream checkpoints or takes its read lock
         self.conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
         self.conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
         self.conn.execute('PRAGMA journal_mode = WAL')
         self.conn.execute('PRAGMA synchronous = FULL')
         self.conn.execute('PRAGMA foreign_keys = ON')
+        if replicated:
+            self.conn.execute('PRAGMA wal_autocheckpoint = 0')
         self.conn.create_scalar_function('unicode_lower', lambda text: text.lower() if isinstance(text, str) else text,
                                          1, deterministic=True)       # Python's lower(); SQLite's folds ASCII only
         self._depth = 0
@@ -4672,7 +4681,9 @@ def health():
     health = {'status': 'ok' if connected else 'unavailable', 'version': __version__,
               'dbConnected': connected, 'payments': 'onchain' if svc.settings.onchain else 'simulated',
               'rails': {'base': 'onchain' if svc.settings.onchain else 'simulated',
-                        'stripe': 'stripe' if svc.stripe else 'simulated'}}
+                        'stripe': 'stripe' if svc.stripe else 'simulated'},
+              'replication': {'enabled': bool(svc.settings.replica_url),
+                              'url': replication.public_url(svc.settings.replica_url)}}
     if svc.settings.onchain:
         health['chain'] = svc.settings.onchain.health()
     if not connected:
@@ -6429,6 +6440,10 @@ API_SCHEMAS = {
             'stripe': {'type': 'string', 'enum': ['simulated', 'stripe']},
         }, description='How each rail moves money: simulated (ledger entries only), onchain (USDC on Base) or stripe '
                        '(USD through Stripe).'),
+        'replication': closed_object({
+            'enabled': {'type': 'boolean'},
+            'url': nullable({'type': 'string', 'examples': ['s3://backups/marketplace']}),
+        }, description='Litestream streaming the database to --replica-url (without credentials), or off.'),
         'error': {'type': 'string', 'description': 'Only on the 503: what is wrong.'},
         'code': {'type': 'string', 'enum': ['unavailable'], 'description': 'Only on the 503.'},
         'chain': closed_object({
@@ -7226,7 +7241,7 @@ class Service:
         if stripe_mode(settings) and not settings.stripe_webhook_secret:
             raise ValueError(STRIPE_NEEDS_WEBHOOK_SECRET)
         self.settings = settings
-        self.db = Database(settings.db)
+        self.db = Database(settings.db, replicated=bool(settings.replica_url))
         self.db.migrate()
         if settings.admin_key:
             ensure_admin_key(self.db, settings.admin_key)
@@ -7896,6 +7911,8 @@ def serve(settings):
     if app.service.x402:
         payments += '; x402: ' + ', '.join(f'{price.endpoint} {price.usdc} USDC' for price in settings.x402_price) \
             + f' to {app.service.x402.pay_to}'
+    if settings.replica_url:
+        payments += f'; replicated by Litestream to {replication.public_url(settings.replica_url)}'
     log.info('marketplace %s serving on http://%s:%s (database %s, %s)',
              __version__, settings.host, server.server_port, settings.db, payments)
     server.serve_forever(stop_timeout=settings.shutdown_timeout)
@@ -7912,11 +7929,12 @@ def serve(settings):
 ###############################################################################
 
 def setting_secrets(settings):
-    """What logs must never show of the settings: keys, webhook secrets, and the paths and queries of the RPC and
-    facilitator URLs (a provider's key is often there)."""
+    """What logs must never show of the settings: keys, webhook secrets, the paths and queries of the RPC and
+    facilitator URLs (a provider's key is often there), the replica URL's user info and the AWS secret variables."""
     keys = [settings.escrow_key, settings.escrow_key.removeprefix('0x'), settings.admin_key,
             settings.stripe_secret_key, settings.stripe_webhook_secret]
-    return [key for key in keys if key] + url_secrets(settings.rpc_url) + url_secrets(settings.facilitator_url)
+    return ([key for key in keys if key] + url_secrets(settings.rpc_url) + url_secrets(settings.facilitator_url)
+            + replication.secrets(settings.replica_url))
 
 
 def hide_secrets_in_logs(settings):
@@ -7928,7 +7946,31 @@ def hide_secrets_in_logs(settings):
     logging.captureWarnings(True)
 
 
+def restore_database(settings, timestamp=None):
+    """Restore the replica to a new --db path, then print the integrity and ledger verdicts; 0 if both pass."""
+    if not settings.replica_url:
+        print('restore: give --replica-url (file:///dir or s3://bucket/path)', file=sys.stderr)
+        return 2
+    try:
+        replication.restore(settings.db, settings.replica_url, settings.replica_endpoint, timestamp)
+    except (replication.ReplicationError, ValueError) as exc:
+        print(f'restore: {exc}', file=sys.stderr)
+        return 1
+    print(f'Restored {replication.public_url(settings.replica_url)} to {settings.db}'
+          + (f' as of {timestamp}' if timestamp else ' (latest)'))
+    db = Database(settings.db)
+    try:
+        integrity = [row[0] for row in db.conn.execute('PRAGMA integrity_check')]
+        problems = ledger_problems(db)
+    finally:
+        db.close()
+    print('integrity: ok' if integrity == ['ok'] else '\n'.join(['integrity: FAILED', *integrity]))
+    print('ledger: balanced' if not problems else '\n'.join(['ledger: FAILED', *problems]))
+    return 0 if integrity == ['ok'] and not problems else 1
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog='marketplace.py', description=__doc__.split('\n')[0])
     commands = parser.add_subparsers(dest='command', required=True)
     common = argparse.ArgumentParser(add_help=False)
@@ -7939,6 +7981,9 @@ def main(argv=None):
     backup = commands.add_parser('backup', parents=[common], help='online backup of the database to PATH')
     backup.add_argument('path')
     commands.add_parser('check-ledger', parents=[common], help='check that every job balances')
+    restoring = commands.add_parser('restore', parents=[common],
+                                    help="restore --db (a new path) from Litestream's --replica-url, then check it")
+    restoring.add_argument('--timestamp', help='the moment to restore, ISO 8601 (default: the latest)')
     commands.add_parser('sweep', parents=[common], help='run the expire and auto-verify sweeps once (for cron)')
     keys = commands.add_parser('keys', help='manage API keys').add_subparsers(dest='keys_command', required=True)
     create = keys.add_parser('create', parents=[common], help='create an account and print its key')
@@ -7955,6 +8000,13 @@ def main(argv=None):
     except ValueError as exc:
         parser.error(str(exc))
     hide_secrets_in_logs(settings)
+    if args.command == 'serve' and settings.replica_url and not os.environ.get(replication.UNDER_LITESTREAM):
+        try:        # becomes litestream, which runs this same command as its child (marked UNDER_LITESTREAM)
+            replication.exec_replicated(settings.db, settings.replica_url, settings.replica_endpoint,
+                                        [sys.executable, str(HERE / 'marketplace.py'), *argv])
+        except replication.ReplicationError as exc:
+            print(f'marketplace.py serve: {exc}', file=sys.stderr)
+            return 1
     if args.command == 'serve':
         try:
             serve(settings)
@@ -7969,6 +8021,8 @@ def main(argv=None):
         print(json.dumps(run_sweeps(svc.db, svc.settings), indent=2))
         svc.close()
         return 0
+    if args.command == 'restore':
+        return restore_database(settings, args.timestamp)
     if args.command == 'seed':
         try:
             seed(settings, args.fixtures)
