@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 SYNC_INTERVAL = '1s'        # the most a SIGKILL can lose: the writes of the last second
+MONITOR_INTERVAL = '100ms'  # how often Litestream looks at the WAL (it uploads every SYNC_INTERVAL)
 CHECK_SECONDS = 10.0        # how long a start waits for the replica to answer before saying it cannot be reached
 RESTORE_SECONDS = 600.0     # how long a restore may take
 UNDER_LITESTREAM = 'MARKETPLACE_UNDER_LITESTREAM'     # set in the server's environment by `replicate -exec`
@@ -103,7 +104,10 @@ def configuration(db_path, url, endpoint=''):
     replica = {'url': public_url(url), 'sync-interval': SYNC_INTERVAL}
     if endpoint:
         replica.update({'endpoint': endpoint.rstrip('/'), 'force-path-style': True})
-    return {'dbs': [{'path': str(Path(db_path).resolve()), 'replica': replica}]}
+    # A WAL check every 100 ms (the default is 1 s): Litestream takes the database up at its first check, and a
+    # stop before that synced nothing at all, not even at the end.
+    return {'dbs': [{'path': str(Path(db_path).resolve()), 'monitor-interval': MONITOR_INTERVAL,
+                     'replica': replica}]}
 
 
 def write_configuration(config_path, db_path, url, endpoint=''):

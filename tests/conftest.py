@@ -23,6 +23,11 @@ import marketplace as mp  # noqa: E402
 ADMIN_KEY = 'test-admin-key-' + 'a' * 32
 
 
+def pytest_configure(config):
+    config.addinivalue_line('markers', 'replication: Litestream and an S3 server for real (tests/test_replication.py; '
+                                       'in make test, under a minute together)')
+
+
 class Response:
     """What one in-process request answered."""
 
@@ -222,8 +227,9 @@ def free_port():
 class LiveServer:
     """`marketplace.py serve` as a real process on 127.0.0.1."""
 
-    def __init__(self, db, extra_args=(), env=None):
+    def __init__(self, db, extra_args=(), env=None, new_session=False):
         self.db = str(db)
+        self.new_session = new_session      # its own process group, which a test may SIGKILL whole
         self.port = free_port()
         self.url = f'http://127.0.0.1:{self.port}'
         self.extra_args = list(extra_args)
@@ -233,7 +239,8 @@ class LiveServer:
     def start(self):
         self.process = subprocess.Popen(
             [sys.executable, str(ROOT / 'marketplace.py'), 'serve', '--db', self.db, '--port', str(self.port),
-             *self.extra_args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+             *self.extra_args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT,
+            start_new_session=self.new_session)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
