@@ -514,7 +514,8 @@ def test_health_over_http(live_server):
     assert answer.status_code == 200
     assert answer.headers['Content-Type'] == 'application/json; charset=utf-8'
     assert answer.json() == {'status': 'ok', 'version': '2.0.0', 'dbConnected': True, 'payments': 'simulated',
-                             'rails': {'base': 'simulated', 'stripe': 'simulated'}}
+                             'rails': {'base': 'simulated', 'stripe': 'simulated'},
+                             'replication': {'enabled': False, 'url': None}}
 
 
 def test_unknown_path_is_a_json_404(live_server):
