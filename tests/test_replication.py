@@ -2,6 +2,7 @@
 127.0.0.1: what the API acknowledged comes back after SIGTERM; a SIGKILL of the whole process group loses at most
 the last sync interval; a restore goes to a moment in time, never over a file, and checks what it restored."""
 
+import json
 import os
 import secrets
 import signal
@@ -62,6 +63,13 @@ class Output:
                                        daemon=True)
         self.reader.start()
 
+    def wait_for(self, text, seconds=TIMEOUT):
+        """Whether `text` appeared within `seconds` (only to avoid hanging)."""
+        deadline = time.monotonic() + seconds
+        while text.encode() not in b''.join(list(self.chunks)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return time.monotonic() < deadline
+
     def text(self):
         self.reader.join(10)
         return b''.join(self.chunks).decode(errors='replace')
@@ -113,8 +121,8 @@ def post_job(server, key, title):
 
 
 def write_a_market(server):
-    """Jobs, claims, deliveries, an approval and a rejection through the API; the GET paths (and the key that
-    reads each) whose answers show every acknowledged write."""
+    """Jobs, claims, deliveries, an approval and a rejection through the API: the GET paths (and the key that
+    reads each) whose answers show every acknowledged write, and the requester's key."""
     requester, worker = account(server, 'requester'), account(server, 'worker')
     agent = call(server, 'POST', '/api/agents', {'name': 'worker-agent', 'walletAddress': random_wallet(),
                                                  'capabilities': {'categories': ['code']}}, key=worker, status=201)
@@ -131,7 +139,7 @@ def write_a_market(server):
     reads = [(f'/api/jobs/{job_id}', requester) for job_id in jobs]
     reads += [(f'/api/agents/{agent_id}', None), ('/api/jobs?limit=200', None), ('/api/stats', None),
               ('/api/jobs?limit=200', requester), ('/api/agents', None)]
-    return reads
+    return reads, requester
 
 
 def read_stream_until_timeout(server, seen):
@@ -150,7 +158,7 @@ def test_sigterm_then_restore_from_s3_answers_the_same_json(s3, tmp_path):
     try:
         health = call(server, 'GET', '/api/health')
         assert health['replication'] == {'enabled': True, 'url': url}
-        reads = write_a_market(server)
+        reads, requester = write_a_market(server)
         before = {(path, key): call(server, 'GET', path, key=key) for path, key in reads}
         stream_events = []
         streamer = threading.Thread(target=read_stream_until_timeout, args=(server, stream_events))
@@ -158,7 +166,24 @@ def test_sigterm_then_restore_from_s3_answers_the_same_json(s3, tmp_path):
         deadline = time.monotonic() + TIMEOUT
         while stream_events != ['connected'] and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert server.terminate() == 0          # SIGTERM to litestream, which passes it to the server
+        # A job whose body is still arriving when SIGTERM (to litestream, which passes it on) comes.
+        body = json.dumps(job_body(title='In flight at SIGTERM')).encode()
+        connection = socket.create_connection(('127.0.0.1', server.port), timeout=TIMEOUT)
+        connection.sendall(b'POST /api/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n'
+                           b'Authorization: Bearer %s\r\nConnection: close\r\nContent-Length: %d\r\n\r\n'
+                           % (requester.encode(), len(body)) + body[:5])
+        time.sleep(0.5)     # only ordering: the server has read the headers and waits in the handler for the body
+        server.process.send_signal(signal.SIGTERM)
+        assert server.out.wait_for('stopping (finishing requests in flight)')
+        connection.sendall(body[5:])
+        answer = b''
+        while chunk := connection.recv(65536):
+            answer += chunk
+        connection.close()
+        head, _, payload = answer.partition(b'\r\n\r\n')
+        assert head.startswith(b'HTTP/1.1 201'), answer[:300]
+        in_flight = json.loads(payload)['job']
+        assert server.process.wait(TIMEOUT) == 0
         streamer.join(TIMEOUT)
         assert stream_events == ['connected', 'timeout']
         output = server.out.text()
@@ -178,9 +203,16 @@ def test_sigterm_then_restore_from_s3_answers_the_same_json(s3, tmp_path):
     again = plain(restored)
     try:
         after = {(path, key): call(again, 'GET', path, key=key) for path, key in reads}
+        assert call(again, 'GET', f'/api/jobs/{in_flight["id"]}', key=requester)['job'] == in_flight
         assert call(again, 'GET', '/api/health')['replication'] == {'enabled': False, 'url': None}
     finally:
         stop(again)
+    for (path, _), answer in after.items():       # the answers without the job answered during the stop
+        if path.startswith('/api/jobs?'):
+            assert answer['jobs'][0]['id'] == in_flight['id']
+            answer['jobs'], answer['total'] = answer['jobs'][1:], answer['total'] - 1
+        if path == '/api/stats':
+            answer['totalJobs'], answer['openJobs'] = answer['totalJobs'] - 1, answer['openJobs'] - 1
     assert after == before
 
 
