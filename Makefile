@@ -45,4 +45,4 @@ contracts: node_modules/.stamp  ## rebuild fixtures/TestUSDC.json from fixtures/
 	node fixtures/compile.js
 
 clean:  ## remove the virtual environment and the local database
-	rm -rf $(VENV) $(DB) $(DB)-wal $(DB)-shm .pytest_cache
+	rm -rf $(VENV) $(DB) $(DB)-wal $(DB)-shm $(DB).litestream.yml .pytest_cache

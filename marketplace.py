@@ -8030,7 +8030,7 @@ def main(argv=None):
             print(f'seed: {exc}', file=sys.stderr)
             return 1
         return 0
-    db = Database(settings.db)
+    db = Database(settings.db, replicated=bool(settings.replica_url))
     db.migrate()
     if args.command == 'backup':
         db.backup(args.path)
