@@ -7899,8 +7899,18 @@ def serve(settings):
         app.service.hub.close()     # open streams send `timeout` and end
         server.close()              # wakes serve_forever, which stops gracefully
 
+    def stop_without_litestream():
+        """Stop as on SIGTERM once the litestream that runs this server is gone (killed alone): never serve
+        writes that nothing replicates."""
+        while not replication.litestream_gone():
+            gevent.sleep(1)
+        log.error('litestream, which replicates the database, is gone: stopping')
+        stop('(litestream gone)')
+
     gevent.signal_handler(signal.SIGTERM, stop, signal.SIGTERM)
     gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)
+    if os.environ.get(replication.UNDER_LITESTREAM):
+        gevent.spawn(stop_without_litestream)
     server.start()
     sweeper = gevent.spawn(sweep_forever, app.service)
     fan_out = gevent.spawn(fan_out_forever, app.service)

@@ -22,7 +22,7 @@ SYNC_INTERVAL = '1s'        # the most a SIGKILL can lose: the writes of the las
 MONITOR_INTERVAL = '100ms'  # how often Litestream looks at the WAL (it uploads every SYNC_INTERVAL)
 CHECK_SECONDS = 10.0        # how long a start waits for the replica to answer before saying it cannot be reached
 RESTORE_SECONDS = 600.0     # how long a restore may take
-UNDER_LITESTREAM = 'MARKETPLACE_UNDER_LITESTREAM'     # set in the server's environment by `replicate -exec`
+UNDER_LITESTREAM = 'MARKETPLACE_UNDER_LITESTREAM'     # litestream's pid, in the environment of the server it runs
 SCHEMES = ('file', 's3')
 
 
@@ -169,10 +169,19 @@ def exec_replicated(db_path, url, endpoint, server_command):
     config = write_configuration(f'{db_path}.litestream.yml', db_path, url, endpoint)
     command = replicate_command(config, server_command)
     env = litestream_environment(url, endpoint)
-    env[UNDER_LITESTREAM] = '1'
+    env[UNDER_LITESTREAM] = str(os.getpid())       # exec keeps the pid: litestream's, the server's parent
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(command[0], command, env)
+
+
+def litestream_gone(environ=None):
+    """Whether the litestream that started this server (its parent, by the pid in UNDER_LITESTREAM) is gone."""
+    environ = os.environ if environ is None else environ
+    try:
+        return os.getppid() != int(environ.get(UNDER_LITESTREAM, ''))
+    except ValueError:
+        return False
 
 
 def litestream_timestamp(text):

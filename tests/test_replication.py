@@ -302,6 +302,23 @@ def test_point_in_time_restore_between_two_batches(tmp_path):
     assert jobs_in(tmp_path / 'now.db') == set(first) | set(second)
 
 
+def test_the_server_stops_when_litestream_is_killed_alone(tmp_path):
+    server = replicated(tmp_path / 'live.db', f'file://{tmp_path}/replica', new_session=True)
+    try:
+        server.process.kill()       # litestream alone: the server, its child, must not serve unreplicated writes
+        server.process.wait(TIMEOUT)
+        assert server.out.wait_for('marketplace INFO stopped')      # within about a second
+        output = server.out.text()
+        with pytest.raises(requests.ConnectionError):
+            requests.get(server.url + '/api/health', timeout=TIMEOUT)
+    finally:
+        try:
+            os.killpg(server.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert 'marketplace ERROR litestream, which replicates the database, is gone: stopping' in output
+
+
 @pytest.mark.parametrize('existing', ['', '-wal', '-shm'])
 def test_restore_never_overwrites(tmp_path, existing):
     target = tmp_path / 'market.db'
