@@ -61,9 +61,9 @@ import requests
 import urllib3
 from bottle import request, response
 
+import replication
 from verifier.addresses import address_problem
 from verifier.errors import ChainUnavailable, FeeTooLow, VerificationError
-import replication
 from verifier.redact import SecretFilter, redact_url, url_secrets, without_secrets
 
 HERE = Path(__file__).resolve().parent
