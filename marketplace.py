@@ -288,6 +288,8 @@ SETTINGS = [
     Setting('stripe_api_base', 'https://api.stripe.com', str, 'where the Stripe API is (tests point it at a fake)'),
     Setting('stripe_checkout_minutes', 60, parse_range(30, 1440),
             'minutes a Checkout Session stays open for the requester to pay (30 to 1440)'),
+    Setting('session_idle_hours', 12, parse_range(1, 168),
+            'hours a browser session lasts without a request (1 to 168; at most 7 days in all)'),
     Setting('replica_url', '', str,
             'stream the database to file:///dir or s3://bucket/path with Litestream (every second); '
             'credentials from AWS_*'),
@@ -537,6 +539,7 @@ MIGRATIONS = {
                         WHERE raw_tx IS NOT NULL ORDER BY seq;''',
     },
     7: {},      # idempotency keys (CONTRACT 14): schema.sql adds idempotency_keys, nothing else changes
+    8: {},      # browser sessions (issue 23): schema.sql adds sessions, nothing else changes
 }
 
 
@@ -3435,7 +3438,7 @@ def run_sweeps(db, settings, fan_out=True):
     """Both sweeps once (expiry first, so that an overdue job with nothing delivered cannot be approved);
     on chain, then send the new payouts and confirm the pending ones; in stripe mode, then settle the Checkout
     Sessions of jobs still pending_payment (reconcile_checkouts: their `opened` jobs are the caller's to publish);
-    then forget the Idempotency-Key answers over 24 hours old."""
+    then forget the Idempotency-Key answers over 24 hours old and the browser sessions past their time."""
     result = {'expire': expire_overdue_jobs(db, settings), 'autoVerify': auto_verify_deliveries(db, settings)}
     if settings.onchain:
         settings.onchain.broadcast(db)
@@ -3444,6 +3447,7 @@ def run_sweeps(db, settings, fan_out=True):
         result['checkouts'] = reconcile_checkouts(db, settings)
         result['stripePayments'] = send_stripe_payments(db, settings)
     forget_idempotency_keys(db)     # not in the result, whose shape scripts and tests read
+    forget_sessions(db, settings)   # nor this: browser sessions past their time
     if fan_out:             # the server's fan-out greenlet does it there
         fan_out_events(db)  # the events of this sweep, and any a stopped server left unexpanded
     return result
@@ -5802,8 +5806,17 @@ def render(name, **values):
     response.content_type = HTML_TYPE
     svc = service()
     explorer = EXPLORERS.get(svc.settings.chain_id) if svc.settings.onchain else None
+    values.setdefault('viewer', viewer())
+    if values['viewer']:        # a page that knows its viewer is nobody else's
+        response.set_header('Cache-Control', 'private, no-store')
     return bottle.template(name, template_lookup=[str(TEMPLATES)], when=when, explorer=explorer,
-                           dashboard=stripe_dashboard(svc.settings), **values)
+                           dashboard=stripe_dashboard(svc.settings), csrf=csrf_token, form_key=new_form_key,
+                           **values)
+
+
+def new_form_key():
+    """A form's Idempotency-Key, made when the form is rendered: a double click or a reload acts once."""
+    return secrets.token_urlsafe(18)
 
 
 def page(handler):
@@ -5933,21 +5946,32 @@ def board():
 @route('GET', '/jobs/<job_id>', limit='pages')
 @page
 def job_page(job_id):
-    """A job: what it asks, what happened to it (a timeline), its claims, deliverables and payments."""
-    svc = service()
-    detail = job_detail(svc.db, parse_uuid(job_id, 'jobId'), svc.settings.base_url)
-    if detail['job']['status'] == 'pending_payment':
-        # a page has no key: a job waiting for its payment is hidden as an unknown id is, but the requester coming
-        # back from Stripe Checkout (its success and cancel URLs are this page) is told why
+    """A job: what it asks, what happened to it (a timeline), its claims, deliverables and payments; to the
+    signed-in requester and worker, the deliverables they may read and the buttons of what they may do."""
+    return job_page_for(parse_uuid(job_id, 'jobId'))
+
+
+def job_page_for(job_id, action=None):
+    """The job page; `action` is a refused form's {action, claimId, values, error, fields}, shown where it was."""
+    svc, account = service(), viewer()
+    detail = job_detail(svc.db, job_id, svc.settings.base_url, account)
+    job = detail['job']
+    requester = account is not None and (account['id'] == job['requesterId'] or is_admin(account))
+    if job['status'] == 'pending_payment' and not requester:
+        # a job waiting for its payment is hidden as an unknown id is, but the requester coming back from Stripe
+        # Checkout (its success and cancel URLs are this page) is told why
         raise NotFound('No job has this id yet: a job paid by card shows here once Stripe confirms the payment '
                        '(reload in a minute).')
     disputes = [dispute_json(d, svc.settings) for d in svc.db.rows(
-        f'{DISPUTE_SELECT} WHERE d.job_id = :id ORDER BY d.created_at', {'id': detail['job']['id']})]
+        f'{DISPUTE_SELECT} WHERE d.job_id = :id ORDER BY d.created_at', {'id': job['id']})]
     names = agent_names(svc.db, [claim['agentId'] for claim in detail['claims']])
     notes = svc.db.rows('''SELECT created_at, summary FROM stripe_events WHERE job_id = :id AND summary IS NOT NULL
-                           ORDER BY created_at''', {'id': detail['job']['id']})
-    timeline = job_timeline(detail['job'], detail['claims'], disputes, detail['payments'], names, notes)
-    return render('job', title=detail['job']['title'], names=names, disputes=disputes, timeline=timeline, **detail)
+                           ORDER BY created_at''', {'id': job['id']})
+    timeline = job_timeline(job, detail['claims'], disputes, detail['payments'], names, notes)
+    owned = {row['id'] for row in svc.db.rows('SELECT id FROM agents WHERE account_id = :id',
+                                              {'id': account['id']})} if account else set()
+    return render('job', title=job['title'], names=names, disputes=disputes, timeline=timeline,
+                  requester=requester, owned=owned, action=action, **detail)
 
 
 @route('GET', '/agents', limit='pages')
@@ -6001,6 +6025,439 @@ def arbitrators_page():
     arbitrators = db.rows(f'''{ARBITRATOR_SELECT}
         ORDER BY a.status, accuracy IS NULL, accuracy DESC, votes_cast DESC, a.created_at LIMIT 200''')
     return render('arbitrators', title='Arbitrators', arbitrators=[arbitrator_json(a) for a in arbitrators])
+
+
+###############################################################################
+# Pages: people acting in the browser #########################################
+###############################################################################
+
+# A person signs in with an API key (or signs up on the spot) and then acts through forms: post a job, pay for it,
+# review a delivery, approve, reject, dispute, cancel, deliver. Every form runs the API's own route in-process for
+# the session's account (act_as): the same handler, permissions, errors, rate-limit class and Idempotency-Key
+# machinery, never a second copy of a rule. README "Using it in the browser".
+SESSION_COOKIE = 'mk_session'   # the session's random id; only its SHA-256 is stored
+FORM_COOKIE = 'mk_form'         # before sign-in: the random secret the sign-in forms' CSRF token is bound to
+SESSION_LIFETIME = timedelta(days=7)        # absolute; --session-idle-hours without a request ends one sooner
+SESSION_TOUCH = timedelta(minutes=5)        # a session's last request is written at most this often
+CSRF_FIELD = 'csrf'
+KEY_FIELD = 'idempotencyKey'
+FORMS_SCRIPT = HERE / 'static' / 'forms.js'
+IN_PROGRESS_WAIT = 5.0          # seconds a form sent twice at once waits for its first sending's answer
+MY_JOBS_SIZE = 500
+BROWSER_ROUTES = []             # (method, path, handler, rate-limit class): pages, not API (no OpenAPI entry)
+
+
+def browser_route(method, path, limit='pages'):
+    """Register a page of the signed-in browser (make_app adds them, outside the API's ROUTES)."""
+    def register(handler):
+        BROWSER_ROUTES.append((method, path, handler, limit))
+        return handler
+    return register
+
+
+def https_request():
+    """Did the person reach us over HTTPS (the public URL, the socket, or X-Forwarded-Proto with --trust-proxy)?"""
+    settings = service().settings
+    forwarded = request.get_header('X-Forwarded-Proto', '').split(',')[-1].strip().lower()
+    return (settings.public_url.lower().startswith('https://') or request.environ.get('wsgi.url_scheme') == 'https'
+            or (settings.trust_proxy and forwarded == 'https'))
+
+
+def set_private_cookie(name, value, max_age=None):
+    """An HttpOnly, SameSite=Lax cookie for the whole site, Secure over HTTPS."""
+    response.set_cookie(name, value, max_age=max_age, path='/', httponly=True, samesite='lax',
+                        secure=https_request())
+
+
+def start_session(db, account):
+    """A new session acting as `account`: its random id goes in the cookie, its hash in the database."""
+    token = secrets.token_urlsafe(32)
+    moment = now()
+    with db.transaction():
+        db.insert('sessions', {'id_hash': hash_key(token), 'account_id': account['id'], 'created_at': iso(moment),
+                               'seen_at': iso(moment), 'expires_at': iso(moment + SESSION_LIFETIME)})
+    set_private_cookie(SESSION_COOKIE, token, int(SESSION_LIFETIME.total_seconds()))
+    request.environ['marketplace.session'] = (token, account)
+
+
+def end_session(db, token):
+    """Delete a session (sign-out) and its cookie."""
+    if token:
+        with db.transaction():
+            db.execute('DELETE FROM sessions WHERE id_hash = :h', {'h': hash_key(token)})
+    response.delete_cookie(SESSION_COOKIE, path='/', httponly=True, samesite='lax', secure=https_request())
+    request.environ['marketplace.session'] = (None, None)
+
+
+def live_session(db, settings, token):
+    """The account of a live session named by its cookie's value, or None (unknown, idle too long, too old)."""
+    if not token or len(token) > 100:
+        return None
+    digest = hash_key(token)
+    row = db.row('''SELECT s.id_hash, s.seen_at, s.expires_at, a.id, a.name, a.role, a.x402_exempt
+                    FROM sessions s JOIN accounts a ON a.id = s.account_id WHERE s.id_hash = :h''', {'h': digest})
+    moment = now()
+    if row is None or not hmac.compare_digest(row['id_hash'], digest) or row['expires_at'] <= iso(moment) or \
+            row['seen_at'] <= iso(moment - timedelta(hours=settings.session_idle_hours)):
+        return None
+    if row['seen_at'] <= iso(moment - SESSION_TOUCH):
+        with db.transaction():
+            db.execute('UPDATE sessions SET seen_at = :now WHERE id_hash = :h', {'now': iso(moment), 'h': digest})
+    return {name: row[name] for name in ('id', 'name', 'role', 'x402_exempt')}
+
+
+def session_viewer():
+    """(the session cookie's value, its account) for this request, or (None, None) when nobody is signed in."""
+    if 'marketplace.session' not in request.environ:
+        svc = service()
+        token = request.get_cookie(SESSION_COOKIE)
+        account = live_session(svc.db, svc.settings, token)
+        request.environ['marketplace.session'] = (token, account) if account else (None, None)
+    return request.environ['marketplace.session']
+
+
+def viewer():
+    """The signed-in account, or None."""
+    return session_viewer()[1]
+
+
+def require_viewer():
+    """The signed-in account; anyone else is sent to the sign-in page."""
+    account = viewer()
+    if account is None:
+        bottle.redirect('/signin', 303)
+    return account
+
+
+def csrf_secret(create=False):
+    """What this browser's CSRF tokens are bound to: its session id, or before sign-in the form cookie (made when
+    `create`, for a page that shows a form)."""
+    token, _ = session_viewer()
+    if token:
+        return token
+    secret = request.environ.get('marketplace.form_secret') or request.get_cookie(FORM_COOKIE)
+    if not secret and create:
+        secret = secrets.token_urlsafe(32)
+        set_private_cookie(FORM_COOKIE, secret)
+    request.environ['marketplace.form_secret'] = secret
+    return secret
+
+
+def csrf_for(secret):
+    return hmac.new(secret.encode('utf-8'), b'csrf form token', hashlib.sha256).hexdigest()
+
+
+def csrf_token():
+    """The CSRF token every POST form of this page carries (HMAC of the browser's session id)."""
+    return csrf_for(csrf_secret(create=True))
+
+
+def posted_form():
+    """The POSTed form's fields as text, once its CSRF token checks out (in constant time); 403 otherwise."""
+    form = {name: request.forms.getunicode(name, default='') for name in request.forms.keys()}
+    secret = csrf_secret()
+    if not secret or not hmac.compare_digest(csrf_for(secret), form.get(CSRF_FIELD, '')):
+        raise Forbidden('This form has no valid security token (CSRF): reload the page and send the form again.',
+                        code='csrf_failed')
+    return form
+
+
+def act_as(account, method, path, body=None, idempotency_key=None):
+    """Run an API route in-process for `account` (None: without one), as its HTTP request from this client would:
+    its handler, permissions, rate-limit class and Idempotency-Key. Returns (status, the JSON answer)."""
+    outer = request.environ
+    raw = b'' if body is None else orjson.dumps(body)
+    environ = {name: value for name, value in outer.items() if name in (
+        'REMOTE_ADDR', 'SERVER_NAME', 'SERVER_PORT', 'SERVER_PROTOCOL', 'HTTP_HOST', 'HTTP_X_FORWARDED_FOR',
+        'HTTP_X_FORWARDED_PROTO', 'wsgi.url_scheme', 'wsgi.errors', 'wsgi.version', 'wsgi.multithread',
+        'wsgi.multiprocess', 'wsgi.run_once')}
+    environ.update({'REQUEST_METHOD': method, 'PATH_INFO': path, 'QUERY_STRING': '', 'wsgi.input': io.BytesIO(raw),
+                    'CONTENT_LENGTH': str(len(raw)), 'CONTENT_TYPE': 'application/json',
+                    'marketplace.account': account})
+    if idempotency_key:
+        environ['HTTP_IDEMPOTENCY_KEY'] = idempotency_key
+    app, outcome = request.app, {}
+
+    def start_response(status, headers, exc_info=None):
+        outcome['status'] = int(status.split()[0])
+    waited = 0.0
+    try:
+        while True:
+            environ['wsgi.input'] = io.BytesIO(raw)
+            data = b''.join(app(dict(environ), start_response))
+            answer = orjson.loads(data) if data else {}
+            if outcome['status'] != 409 or answer.get('code') != 'idempotency_in_progress' or \
+                    waited >= IN_PROGRESS_WAIT:
+                return outcome['status'], answer
+            time.sleep(0.1)     # a double click: the first sending is still running (outside any transaction)
+            waited += 0.1
+    finally:
+        request.bind(outer)
+        response.bind()
+
+
+def browser_page(handler, bucket):
+    """A browser route's handler: sizes and its rate limit checked first; refusals are pages with their status."""
+    @functools.wraps(handler)
+    def show(**params):
+        try:
+            if request.content_length > MAX_BODY:
+                raise BodyTooLarge()
+            svc = service()
+            if bucket and svc.settings.rate_limits == 'on':
+                ok, headers = svc.limiter.hit(bucket, client_ip())
+                for name, value in headers.items():
+                    response.set_header(name, value)
+                if not ok:
+                    raise RateLimited(f'Too many requests; try again in {headers["Retry-After"]} seconds.')
+            return handler(**params)
+        except APIError as error:
+            response.status = error.status
+            return render('error', title=f'{error.status} {bottle.HTTP_CODES.get(error.status, "")}', error=error)
+    return show
+
+
+def refusal(status, answer):
+    """An API refusal as an APIError (for a page): its words, code, status and fields."""
+    return APIError(answer.get('error'), code=answer.get('code'), status=status, fields=answer.get('fields'))
+
+
+@browser_route('GET', '/static/forms.js', limit=None)
+def forms_script():
+    """The forms' script: focus on the first error, and signing a funding with the browser's wallet."""
+    response.content_type = 'text/javascript; charset=utf-8'
+    response.set_header('Cache-Control', 'public, max-age=3600')
+    return FORMS_SCRIPT.read_bytes()
+
+
+# Signing in, up and out -------------------------------------------------------
+
+@browser_route('GET', '/signin')
+def signin_page():
+    return render('signin', title='Sign in', typed_name='', error=None, signup_error=None)
+
+
+@browser_route('POST', '/signin')
+def post_signin():
+    """Sign in with an API key: the key finds the account and is forgotten; the session acts as the account."""
+    form = posted_form()
+    svc = service()
+    account = account_for_key(svc.db, form.get('apiKey', '').strip()) if form.get('apiKey', '').strip() else None
+    if account is None:
+        response.status = 401
+        return render('signin', title='Sign in', typed_name='', signup_error=None,
+                      error=Unauthorized('The API key is unknown or revoked.'))
+    old, _ = session_viewer()
+    if old:
+        end_session(svc.db, old)
+    start_session(svc.db, account)
+    bottle.redirect('/my/jobs', 303)
+
+
+@browser_route('POST', '/signup', limit=None)
+def post_signup():
+    """Sign up: POST /api/accounts's own handler; the new key is shown once, on this answer only, and the browser
+    is signed in as the new account."""
+    form = posted_form()
+    status, answer = act_as(None, 'POST', '/api/accounts', {'name': form.get('name', '')}, form.get(KEY_FIELD))
+    if status != 201:
+        response.status = status
+        return render('signin', title='Sign in', typed_name=form.get('name', ''), error=None,
+                      signup_error=refusal(status, answer))
+    svc = service()
+    old, _ = session_viewer()
+    if old:
+        end_session(svc.db, old)
+    start_session(svc.db, answer['account'])
+    response.set_header('Cache-Control', 'no-store')
+    return render('signed_up', title='Your API key', account=answer['account'], api_key=answer['apiKey'])
+
+
+@browser_route('POST', '/signout')
+def post_signout():
+    form = posted_form()        # noqa: F841  (a cross-site form must not sign anyone out)
+    end_session(service().db, session_viewer()[0])
+    bottle.redirect('/', 303)
+
+
+def forget_sessions(db, settings):
+    """Delete the sessions past their lifetime or idle too long; how many."""
+    moment = now()
+    with db.transaction():
+        return db.execute('DELETE FROM sessions WHERE expires_at <= :now OR seen_at <= :idle', {
+            'now': iso(moment), 'idle': iso(moment - timedelta(hours=settings.session_idle_hours))})
+
+
+# Posting a job ------------------------------------------------------------------
+
+JOB_FORM_FIELDS = ('title', 'description', 'category', 'paymentAmount', 'paymentCurrency', 'deadline', 'maxWorkers',
+                   'competitionMode', 'verificationWindowHours', 'claimTimeoutHours', 'minReputation', 'requirements',
+                   'acceptanceCriteria', 'escrowTxHash', 'escrowSignature')
+WHOLE_NUMBER_FIELDS = ('maxWorkers', 'verificationWindowHours', 'claimTimeoutHours')
+
+
+def job_body_from_form(form):
+    """POST /api/jobs's body from the form as typed: empty fields left out (the API's defaults), whole numbers as
+    numbers, requirements as JSON, acceptance criteria one per line. What does not parse is sent as typed, for the
+    API to refuse in its own words."""
+    body = {}
+    for name in JOB_FORM_FIELDS:
+        value = form.get(name, '')
+        if not value.strip():
+            continue
+        if name != 'description':
+            value = value.strip()
+        if name in WHOLE_NUMBER_FIELDS and re.fullmatch(r'[0-9]{1,9}', value):
+            value = int(value)
+        elif name == 'requirements':
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass
+        elif name == 'acceptanceCriteria':
+            value = [{'type': 'manual', 'check': line.strip()} for line in value.splitlines() if line.strip()]
+        body[name] = value
+    return body
+
+
+def job_form_defaults():
+    deadline = (now() + timedelta(days=3)).strftime('%Y-%m-%dT%H:%M')
+    return {'category': 'code', 'paymentCurrency': 'USDC', 'deadline': deadline, 'maxWorkers': '1',
+            'competitionMode': 'first-wins', 'verificationWindowHours': '24', 'claimTimeoutHours': '24',
+            'minReputation': '0.00'}
+
+
+def funding_help(account, values, answer=None):
+    """In onchain mode, what a USDC job's requester must send and sign (CONTRACT 18): escrow address, amount and
+    the typed data; None in other modes."""
+    onchain = service().settings.onchain
+    if not onchain:
+        return None
+    answer = answer or {}
+    typed = answer.get('fundingTypedData') or onchain.funding_typed_data(account['id'])
+    amount = None
+    try:
+        amount = format_units(cents_to_units(read_money(values.get('paymentAmount', '').strip()), 'USDC'), 'USDC')
+    except (ValueError, TypeError):
+        pass
+    return {'payTo': onchain.escrow_address, 'amount': amount, 'asset': onchain.usdc,
+            'typedData': json.dumps(typed, indent=2)}
+
+
+def rail_modes():
+    """What each currency's money is here: {'USDC': 'simulated'|'onchain', 'USD': 'simulated'|'stripe'}."""
+    settings = service().settings
+    return {'USDC': 'onchain' if settings.onchain else 'simulated',
+            'USD': 'stripe' if stripe_mode(settings) else 'simulated'}
+
+
+def invalid_marker(fields, order):
+    """A function from a field's name to its attributes when the API refused it: aria-invalid, aria-describedby
+    (its message's id) and, on the first refused field in `order`, autofocus."""
+    first = next((name for name in order if name in fields), None)
+
+    def attributes(name):
+        if name not in fields:
+            return ''
+        return f' aria-invalid="true" aria-describedby="{name}-error"' + (' autofocus' if name == first else '')
+    return attributes
+
+
+def job_form(account, values, error=None, answer=None):
+    """The "Post a job" form, as typed, with the API's refusal next to its fields."""
+    fields = dict((answer or {}).get('fields') or {})
+    if 'paymentRail' in fields:
+        fields.setdefault('paymentCurrency', fields['paymentRail'])
+    return render('post_job', title='Post a job', val=lambda name: values.get(name, ''), error=error, fields=fields,
+                  invalid=invalid_marker(fields, JOB_FORM_FIELDS), categories=CATEGORIES, modes=COMPETITION_MODES,
+                  currencies=tuple(DECIMALS), rails=rail_modes(), funding=funding_help(account, values, answer))
+
+
+@browser_route('GET', '/jobs/new')
+def new_job_page():
+    return job_form(require_viewer(), job_form_defaults())
+
+
+@browser_route('POST', '/jobs/new', limit=None)
+def post_job_page():
+    """POST /api/jobs for the session's account; its refusal shown next to the fields, the form as typed."""
+    account = require_viewer()
+    form = posted_form()
+    status, answer = act_as(account, 'POST', '/api/jobs', job_body_from_form(form), form.get(KEY_FIELD))
+    if status in (200, 201):
+        job = answer['job']
+        bottle.redirect(f'/jobs/{job["id"]}/pay' if answer.get('checkoutUrl') else f'/jobs/{job["id"]}', 303)
+    response.status = status
+    return job_form(account, form, refusal(status, answer), answer)
+
+
+@browser_route('GET', '/jobs/<job_id>/pay')
+def pay_page(job_id):
+    """Between the form and Stripe Checkout: a page of ours that sends the requester on (a form's redirect to
+    another origin would break the pages' form-action 'self')."""
+    account = require_viewer()
+    job = get_job(service().db, parse_uuid(job_id, 'jobId'))
+    if job['requester_id'] != account['id'] and not is_admin(account):
+        raise NotFound('No job has this id.')
+    if job['status'] != 'pending_payment' or not job['checkout_url']:
+        bottle.redirect(f'/jobs/{job["id"]}', 303)
+    return render('pay', title='Pay for the job', job=job_json(job, service().settings.base_url),
+                  checkout_url=job['checkout_url'], refresh=job['checkout_url'])
+
+
+# Acting on a job ----------------------------------------------------------------
+
+def job_action_request(job_id, action, form):
+    """The API request behind a job page's button: (path, body)."""
+    claim = form.get('claimId', '')
+    if action == 'approve':
+        return f'/api/jobs/{job_id}/verify', {'claimId': claim, 'approved': True}
+    if action == 'reject':
+        return f'/api/jobs/{job_id}/verify', {'claimId': claim, 'approved': False, 'reason': form.get('reason', '')}
+    if action == 'dispute':
+        return f'/api/jobs/{job_id}/dispute', {'claimId': claim, 'reason': form.get('reason', '')}
+    if action == 'cancel':
+        return f'/api/jobs/{job_id}/cancel', None
+    if action == 'deliver':
+        deliverable = {'type': 'url', 'url': form.get('url', '').strip()}
+        if form.get('notes', '').strip():
+            deliverable['notes'] = form['notes']
+        return f'/api/jobs/{job_id}/deliver', {'claimId': claim, 'deliverable': deliverable}
+    raise NotFound('There is no such action on a job.')
+
+
+@browser_route('POST', '/jobs/<job_id>/<action>', limit=None)
+def job_action_page(job_id, action):
+    """Approve, reject, dispute, cancel or deliver through the API's own route; back to the job's page."""
+    account = require_viewer()
+    job_id = parse_uuid(job_id, 'jobId')
+    form = posted_form()
+    path, body = job_action_request(job_id, action, form)
+    status, answer = act_as(account, 'POST', path, body, form.get(KEY_FIELD))
+    if status < 300:
+        bottle.redirect(f'/jobs/{job_id}', 303)
+    response.status = status
+    return job_page_for(job_id, {'action': action, 'claimId': form.get('claimId', ''), 'values': form,
+                                 'error': refusal(status, answer), 'fields': answer.get('fields') or {}})
+
+
+@browser_route('GET', '/my/jobs')
+def my_jobs_page():
+    """The signed-in account's jobs by status, and its agents' claims."""
+    account = require_viewer()
+    svc = service()
+    jobs = svc.db.rows(f'{JOB_SELECT} WHERE j.requester_id = :id ORDER BY j.created_at DESC LIMIT {MY_JOBS_SIZE}',
+                       {'id': account['id']})
+    groups = {}
+    for job in jobs:
+        groups.setdefault(job['status'], []).append(job_json(job, svc.settings.base_url))
+    order = ('pending_payment', 'delivered', 'disputed', 'open', 'claimed') + FINAL_JOB_STATUSES
+    claims = svc.db.rows(f'''SELECT c.id, c.status, c.job_id, c.created_at, j.title, j.status AS job_status,
+                                    a.name AS agent FROM claims c JOIN agents a ON a.id = c.agent_id
+                             JOIN jobs j ON j.id = c.job_id WHERE a.account_id = :id
+                             ORDER BY c.created_at DESC LIMIT {MY_JOBS_SIZE}''', {'id': account['id']})
+    return render('my_jobs', title='My jobs', groups=[(status, groups[status]) for status in order if status in groups],
+                  claims=claims)
 
 
 ###############################################################################
@@ -7463,6 +7920,8 @@ def make_app(settings):
 
     for method, path, handler, bucket in ROUTES:
         app.route(path, method, api(handler, bucket), name=handler.__name__)
+    for method, path, handler, bucket in BROWSER_ROUTES:     # pages of the signed-in browser: not API
+        app.route(path, method, browser_page(handler, bucket), name=handler.__name__)
 
     def error_page(error):
         if error.status_code >= 500:

@@ -5,11 +5,25 @@
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{{title}} · Job Marketplace</title>
 <link rel="stylesheet" href="/static/style.css">
+% if get('refresh'):
+<meta http-equiv="refresh" content="0; url={{refresh}}">
+% end
+% if get('viewer') or get('form_page'):
+<script src="/static/forms.js" defer></script>
+% end
 </head>
 <body>
 <header class="top">
   <a class="brand" href="/">Job Marketplace</a>
   <nav><a href="/">Jobs</a> <a href="/agents">Agents</a> <a href="/arbitrators">Arbitrators</a> <a href="/api/openapi.json">API</a></nav>
+  <nav class="account" aria-label="Your account">
+% if get('viewer'):
+    <a href="/my/jobs">My jobs</a> <a href="/jobs/new">Post a job</a>
+    <form class="signout" method="post" action="/signout"><input type="hidden" name="csrf" value="{{csrf()}}"><button type="submit">Sign out <span class="who">({{viewer['name']}})</span></button></form>
+% else:
+    <a href="/signin">Sign in</a> <a href="/signin#signup">Sign up</a>
+% end
+  </nav>
 </header>
 <main>
 {{!base}}

@@ -1,6 +1,13 @@
 % rebase('base.tpl', title=title)
 <p class="crumbs"><a href="/">Jobs</a> ›</p>
 <h1>{{job['title']}}</h1>
+% act = get('action') or {}
+% if job['status'] == 'pending_payment' and get('requester'):
+<p class="notice" id="pending">Pending until paid: this job is hidden from everyone but you until Stripe confirms the payment. <a href="/jobs/{{job['id']}}/pay">Pay now</a></p>
+% end
+% if act and act['action'] == 'cancel':
+<p class="error" id="cancel-error" role="alert" tabindex="-1">{{act['error'].message}}</p>
+% end
 <p class="facts"><span class="status status-{{job['status']}}">{{job['status']}}</span> <span class="category">{{job['category']}}</span> <span class="pay">{{job['paymentAmount']}} {{job['paymentCurrency']}}</span> on {{job['paymentRail']}} · due <time datetime="{{job['deadline']}}">{{when(job['deadline'])}}</time> · {{job['competitionMode']}}, {{job['maxWorkers']}} {{'worker' if job['maxWorkers'] == 1 else 'workers'}}</p>
 <section>
   <h2>What is asked</h2>
@@ -40,6 +47,12 @@
 % end
   </ol>
 </section>
+% if get('requester') and job['status'] == 'open' and job['claimCount'] == 0:
+<form class="form inline" method="post" action="/jobs/{{job['id']}}/cancel">
+  <input type="hidden" name="csrf" value="{{csrf()}}"><input type="hidden" name="idempotencyKey" value="{{form_key()}}">
+  <button type="submit" class="cancel">Cancel the job (refund me)</button>
+</form>
+% end
 <section>
   <h2>Claims</h2>
 % if not claims:
@@ -48,10 +61,56 @@
 % for claim in claims:
   <article class="claim">
     <p><a href="/agents/{{claim['agentId']}}">{{names.get(claim['agentId'], 'an agent')}}</a> <span class="status status-{{claim['status']}}">{{claim['status']}}</span> since <time datetime="{{claim['createdAt']}}">{{when(claim['createdAt'])}}</time></p>
-% if claim['deliverable']:
+% if claim['deliverable'] and claim['deliverable'].get('url'):
+    <div class="deliverable">
+      <p>Delivered ({{claim['deliverable'].get('type') or 'url'}}), private to you, the other party, admins and a dispute's arbitrators:</p>
+% if claim['deliverable']['url'].lower().startswith(('http://', 'https://')):
+      <p class="link"><a href="{{claim['deliverable']['url']}}" rel="noopener noreferrer nofollow" target="_blank">{{claim['deliverable']['url']}}</a></p>
+% else:
+      <p class="link">{{claim['deliverable']['url']}}</p>
+% end
+% if claim['deliverable'].get('notes'):
+      <p class="notes">{{claim['deliverable']['notes']}}</p>
+% end
+    </div>
+% elif claim['deliverable']:
     <div class="deliverable">
       <p>Delivered ({{claim['deliverable'].get('type') or 'url'}}), private: the API shows it only to the requester, the worker, admins and the arbitrators of a dispute over it.</p>
     </div>
+% end
+% mine = act.get('claimId') == claim['id']
+% if mine and act['action'] in ('approve', 'reject', 'dispute', 'deliver'):
+    <p class="error" id="action-error-{{claim['id']}}" role="alert" tabindex="-1">{{act['error'].message}}</p>
+% end
+% if get('requester') and claim['status'] == 'delivered':
+    <div class="actions">
+      <form class="form inline" method="post" action="/jobs/{{job['id']}}/approve">
+        <input type="hidden" name="csrf" value="{{csrf()}}"><input type="hidden" name="idempotencyKey" value="{{form_key()}}"><input type="hidden" name="claimId" value="{{claim['id']}}">
+        <button type="submit" class="approve">Approve and pay</button>
+      </form>
+      <form class="form" method="post" action="/jobs/{{job['id']}}/reject">
+        <input type="hidden" name="csrf" value="{{csrf()}}"><input type="hidden" name="idempotencyKey" value="{{form_key()}}"><input type="hidden" name="claimId" value="{{claim['id']}}">
+        <label for="reject-reason-{{claim['id']}}">Why you reject it</label>
+        <textarea id="reject-reason-{{claim['id']}}" name="reason" rows="2"{{!' aria-invalid="true" aria-describedby="action-error-' + claim['id'] + '" autofocus' if mine and act['action'] == 'reject' else ''}}>{{act['values'].get('reason', '') if mine and act['action'] == 'reject' else ''}}</textarea>
+        <button type="submit" class="reject">Reject (refund me)</button>
+      </form>
+      <form class="form" method="post" action="/jobs/{{job['id']}}/dispute">
+        <input type="hidden" name="csrf" value="{{csrf()}}"><input type="hidden" name="idempotencyKey" value="{{form_key()}}"><input type="hidden" name="claimId" value="{{claim['id']}}">
+        <label for="dispute-reason-{{claim['id']}}">What is wrong (for the arbitrators)</label>
+        <textarea id="dispute-reason-{{claim['id']}}" name="reason" rows="2"{{!' aria-invalid="true" aria-describedby="action-error-' + claim['id'] + '" autofocus' if mine and act['action'] == 'dispute' else ''}}>{{act['values'].get('reason', '') if mine and act['action'] == 'dispute' else ''}}</textarea>
+        <button type="submit" class="dispute">Open a dispute</button>
+      </form>
+    </div>
+% end
+% if claim['agentId'] in get('owned', ()) and claim['status'] == 'claimed':
+    <form class="form" id="deliver-{{claim['id']}}" method="post" action="/jobs/{{job['id']}}/deliver">
+      <input type="hidden" name="csrf" value="{{csrf()}}"><input type="hidden" name="idempotencyKey" value="{{form_key()}}"><input type="hidden" name="claimId" value="{{claim['id']}}">
+      <label for="deliver-url-{{claim['id']}}">Link to the work</label>
+      <input type="url" id="deliver-url-{{claim['id']}}" name="url" value="{{act['values'].get('url', '') if mine and act['action'] == 'deliver' else ''}}"{{!' aria-invalid="true" aria-describedby="action-error-' + claim['id'] + '" autofocus' if mine and act['action'] == 'deliver' else ''}}>
+      <label for="deliver-notes-{{claim['id']}}">Notes</label>
+      <textarea id="deliver-notes-{{claim['id']}}" name="notes" rows="2">{{act['values'].get('notes', '') if mine and act['action'] == 'deliver' else ''}}</textarea>
+      <button type="submit" class="deliver">Deliver</button>
+    </form>
 % end
 % if claim['verificationReason']:
     <p class="reason">Verdict: {{claim['verificationReason']}}</p>

@@ -1027,7 +1027,7 @@ def test_every_page_has_one_h1_its_title_the_viewport_and_the_stylesheet(market,
         page = get_page(client, path)
         assert_frame(page, title)
         nav = [a.attrs['href'] for a in page.find('header', 'top').find_all('a')]
-        assert nav == ['/', '/', '/agents', '/arbitrators', '/api/openapi.json'], path
+        assert nav == ['/', '/', '/agents', '/arbitrators', '/api/openapi.json', '/signin', '/signin#signup'], path
     for path, status, title in (('/?min_pay=x', 400, '400 Bad Request'),
                                 (f'/jobs/{UNKNOWN_ID}', 404, '404 Not Found'),
                                 ('/agents/1', 400, '400 Bad Request'),
