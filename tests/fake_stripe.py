@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
+import requests
 import stripe
 
 SECRET_KEY = 'sk_test_fake_' + 'k' * 24
@@ -110,6 +111,7 @@ class FakeStripe:
         self.lock = threading.RLock()
         self.server = None
         self.url = None
+        self.webhook_url = None         # where the checkout page sends its event (a test sets its server's)
         self.reset()
 
     # --- lifecycle ---
@@ -578,7 +580,9 @@ class _Handler(BaseHTTPRequestHandler):
                     return self.drop()
         if failure is not None and not failure[1]:
             return self.fail(failure)
-        if path.startswith('/c/pay/') or path.startswith('/setup/'):
+        if path.startswith('/c/pay/'):
+            return self.checkout_page(method, path.removeprefix('/c/pay/'))
+        if path.startswith('/setup/'):
             return self.send(200, {'object': 'page', 'path': path}, {})
         with fake.lock:
             try:
@@ -597,6 +601,30 @@ class _Handler(BaseHTTPRequestHandler):
         if key is not None and method == 'POST':
             headers['Idempotency-Key'] = key
         self.send(status, body, headers)
+
+    def checkout_page(self, method, session_id):
+        """Stripe Checkout as a person sees it, at its least: GET shows a Pay button; POST pays the session, sends
+        the signed checkout.session.completed event to fake.webhook_url, then redirects to the success_url."""
+        fake = self.fake
+        if method == 'GET':
+            page = (f'<!doctype html><title>Fake Checkout</title><h1>Pay {session_id}</h1>'
+                    f'<form method="post" action="/c/pay/{session_id}"><button type="submit">Pay</button></form>')
+            return self.send_html(200, page.encode())
+        paid = fake.complete(session_id)
+        payload, signature = fake.event('checkout.session.completed', paid)
+        requests.post(fake.webhook_url, data=payload, headers={'Stripe-Signature': signature,
+                                                              'Content-Type': 'application/json'}, timeout=10)
+        self.send_response(303)
+        self.send_header('Location', paid['success_url'])
+        self.send_header('Content-Length', '0')
+        self.end_headers()
+
+    def send_html(self, status, data):
+        self.send_response(status)
+        self.send_header('Content-Type', 'text/html; charset=utf-8')
+        self.send_header('Content-Length', str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def fail(self, failure):
         status, _, body = failure
