@@ -123,8 +123,9 @@ def test_a_whole_job_life_by_clicks(browser, server):
         assert requester.page.url == f'{server.url}/jobs/{job_id}'
         assert requester.page.locator('.facts .status').text_content() == 'completed'
         assert 'Paid to the worker' in requester.page.locator('.timeline').text_content()
-        assert '25.000000 USDC' in requester.page.locator('table.payments').text_content() or \
-            '25.00 USDC' in requester.page.locator('table.payments').text_content()
+        payments = requester.page.locator('table.payments tbody tr')
+        assert [' '.join(payments.nth(i).locator('td').nth(j).text_content() for j in (1, 2, 3))
+                for i in range(payments.count())] == ['escrow 25.00 USDC simulated', 'release 25.00 USDC simulated']
     finally:
         requester.close()
         worker.close()

@@ -777,3 +777,41 @@ def test_a_job_funded_on_chain_is_not_settled_without_the_chain(tmp_path, starte
         assert mp.ledger_problems(simulated.service.db) == []
     finally:
         simulated.service.close()
+
+
+# A person funds a USDC job from the "Post a job" page ---------------------------------
+
+def test_a_person_funds_a_usdc_job_on_the_page_by_pasting_the_hash_and_its_signature(app, node):
+    """Issue 23, onchain mode: the page shows the escrow address, the amount and what to sign; the hash and the
+    signature pasted into the form open the job through POST /api/jobs's own checks (no wallet in the page: the
+    paste path, which is what works without JavaScript)."""
+    import json
+    from test_pages import Page
+    from test_pages_actions import Browser, sign_up
+    browser = Browser(app)
+    sign_up(browser, 'Grace')
+    db = app.service.db
+    account_id = db.value("SELECT id FROM accounts WHERE name = 'Grace'")
+    form_page = Page(browser.get('/jobs/new'))
+    assert form_page.find('span', id='pay-to').text() == ESCROW
+    typed = json.loads(form_page.find('pre', id='funding-typed-data').text())
+    assert typed == funding_typed_data(account_id, None, ESCROW)
+    job = {'title': 'Count the lighthouses', 'description': 'Every one on the coast.', 'category': 'data',
+           'paymentAmount': '25.00', 'paymentCurrency': 'USDC', 'deadline': in_hours(48)}
+    tx_hash = node.pay(25_000_000)
+
+    refused = browser.submit('/jobs/new', '/jobs/new', **job, escrowTxHash=tx_hash)     # no signature yet
+    assert refused.status == 402, refused
+    page = Page(refused)
+    words = page.find('main').text()
+    assert 'escrowSignature' in words, words      # the API's own words (payment_signature_invalid)
+    assert page.find('input', name='escrowTxHash').attrs['value'] == tx_hash     # kept as typed
+    assert db.value('SELECT count(*) FROM jobs') == 0
+
+    signature = sign_funding(PAYER_KEY, account_id, tx_hash, ESCROW)
+    opened = browser.submit('/jobs/new', '/jobs/new', **job, escrowTxHash=tx_hash, escrowSignature=signature)
+    assert opened.status == 303, opened
+    job_id = db.value('SELECT id FROM jobs')
+    assert opened.headers['Location'].endswith(f'/jobs/{job_id}')
+    row = db.row('SELECT requester_id, status, escrow_status, escrow_tx_hash FROM jobs WHERE id = :id', {'id': job_id})
+    assert row == {'requester_id': account_id, 'status': 'open', 'escrow_status': 'locked', 'escrow_tx_hash': tx_hash}
