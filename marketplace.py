@@ -1559,6 +1559,22 @@ def is_public_address(address):
     return ip.is_global and not ip.is_multicast
 
 
+class BlockedAddress(OSError):
+    """A webhook URL's host resolves to an address that webhooks may not reach."""
+
+
+def pinned_address(url, allow_private):
+    """Resolve a webhook URL's host once and check every address it has (unless `allow_private`): the
+    (family, sockaddr) to connect to, the first one. BlockedAddress if any is not public. Network I/O."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == 'https' else 80)
+    found = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    if not allow_private and not all(is_public_address(info[4][0]) for info in found):
+        raise BlockedAddress(f'{parts.hostname} resolves to an address webhooks may not reach')
+    family, _, _, _, sockaddr = found[0]
+    return family, sockaddr
+
+
 def webhook_url_problem(url, allow_private):
     """What makes a webhook URL unusable, or None: the scheme, or (unless allowed) an address that resolves
     to a loopback, private, link-local or multicast network. Resolving the name is network I/O."""
@@ -1570,12 +1586,11 @@ def webhook_url_problem(url, allow_private):
     if allow_private:
         return None
     try:
-        port = parts.port or (443 if parts.scheme == 'https' else 80)
-        addresses = {info[4][0] for info in socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)}
+        pinned_address(url, allow_private=False)
+    except BlockedAddress:
+        return 'resolves to a loopback, private, link-local or multicast address, which webhooks may not reach'
     except (OSError, ValueError, UnicodeError):
         return 'has a host name that does not resolve'
-    if not all(is_public_address(address) for address in addresses):
-        return 'resolves to a loopback, private, link-local or multicast address, which webhooks may not reach'
     return None
 
 
@@ -1836,6 +1851,19 @@ def client_ip():
         if hops:
             return hops[-1]
     return request.environ.get('REMOTE_ADDR', '')
+
+
+def count_request(bucket):
+    """Count this request in its rate-limit class (none: not limited; admins are not counted), with the
+    X-RateLimit-* headers; 429 over the limit."""
+    svc = service()
+    if not bucket or svc.settings.rate_limits != 'on' or is_admin(caller()):
+        return
+    ok, headers = svc.limiter.hit(bucket, client_ip())
+    for name, value in headers.items():
+        response.set_header(name, value)
+    if not ok:
+        raise RateLimited(f'Too many requests; try again in {headers["Retry-After"]} seconds.')
 
 
 ###############################################################################
@@ -3795,24 +3823,8 @@ EVENT_HEADLINES = {
 }
 
 
-class BlockedAddress(OSError):
-    """A webhook URL's host resolves to an address that webhooks may not reach."""
-
-
 WEBHOOK_UNREACHABLE = 'no HTTP answer (could not connect, or no answer in time)'
 WEBHOOK_PAUSE_AFTER = 10        # failed attempts in a row that pause a receiver
-
-
-def pinned_address(url, allow_private):
-    """Resolve a webhook URL's host once and check every address it has (unless `allow_private`): the
-    (family, sockaddr) to connect to, the first one. BlockedAddress if any is not public. Network I/O."""
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == 'https' else 80)
-    found = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
-    if not allow_private and not all(is_public_address(info[4][0]) for info in found):
-        raise BlockedAddress(f'{parts.hostname} resolves to an address webhooks may not reach')
-    family, _, _, _, sockaddr = found[0]
-    return family, sockaddr
 
 
 def pinned(connection_class):
@@ -6198,22 +6210,13 @@ def act_as(account, method, path, body=None, idempotency_key=None):
 
 def browser_page(handler, bucket):
     """A browser route's handler: sizes and its rate limit checked first; refusals are pages with their status."""
+    @page
     @functools.wraps(handler)
     def show(**params):
-        try:
-            if request.content_length > MAX_BODY:
-                raise BodyTooLarge()
-            svc = service()
-            if bucket and svc.settings.rate_limits == 'on':
-                ok, headers = svc.limiter.hit(bucket, client_ip())
-                for name, value in headers.items():
-                    response.set_header(name, value)
-                if not ok:
-                    raise RateLimited(f'Too many requests; try again in {headers["Retry-After"]} seconds.')
-            return handler(**params)
-        except APIError as error:
-            response.status = error.status
-            return render('error', title=f'{error.status} {bottle.HTTP_CODES.get(error.status, "")}', error=error)
+        if request.content_length > MAX_BODY:
+            raise BodyTooLarge()
+        count_request(bucket)
+        return handler(**params)
     return show
 
 
@@ -7796,12 +7799,7 @@ def make_app(settings):
         allowed = static_methods.get(request.path)
         if allowed and request.route.rule != request.path:
             raise MethodNotAllowed(allowed)
-        if bucket and settings.rate_limits == 'on' and not is_admin(caller()):
-            ok, headers = app.service.limiter.hit(bucket, client_ip())
-            for name, value in headers.items():
-                response.set_header(name, value)
-            if not ok:
-                raise RateLimited(f'Too many requests; try again in {headers["Retry-After"]} seconds.')
+        count_request(bucket)
 
     def run(handler, params, hold=None):
         """The handler's answer as bytes (an APIError's JSON included) and whether it succeeded. `hold` is called

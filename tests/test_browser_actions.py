@@ -11,7 +11,7 @@ import requests
 
 from conftest import LiveServer, random_wallet
 from fake_stripe import fake_stripe, fake_stripe_server  # noqa: F401  (the fixtures)
-from test_pages_browser import CHROMIUM, LAUNCH_ARGS, sync_api  # noqa: F401  (skips without Chromium)
+from test_pages_browser import browser  # noqa: F401  (the fixture: one Chromium a module; skips without it)
 from test_server import Output, stop
 
 SCRIPT_TITLE = '<script>alert(1)</script>'
@@ -24,14 +24,6 @@ def server(tmp_path_factory):
     Output(live)
     yield live
     stop(live)
-
-
-@pytest.fixture(scope='module')
-def browser():
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        yield chromium
-        chromium.close()
 
 
 class Person:
