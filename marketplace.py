@@ -7854,6 +7854,14 @@ def make_app(settings):
         response.set_header('Idempotent-Replayed', 'true')
         return body
 
+    def refused_for_no_key():
+        """Will this write be 401 for want of a (valid) API key, with no payment to stand in for one? Then its
+        Idempotency-Key is not looked at: the handler refuses before the body is read, as without a key, and a
+        stranger's megabyte is neither read nor hashed (a 401 changes nothing a retry could repeat)."""
+        rule = (request.method, request.route.rule)
+        return (API_OPERATIONS[rule].get('auth') == 'key' and caller() is None
+                and not (app.service.x402 and rule in app.service.x402.prices))
+
     def keyed(handler, params, key, before):
         """A request with an Idempotency-Key: a replay, or the handler run once with its answer stored in the
         transaction of its change (Database.hold), committed before the work that change starts."""
@@ -7901,7 +7909,7 @@ def make_app(settings):
                     before = app.service.db.value('SELECT coalesce(max(seq), 0) FROM payments')
                 key = request.environ.get('HTTP_IDEMPOTENCY_KEY')    # as sent (bottle's get_header decodes UTF-8)
                 if key is not None and request.method in ('POST', 'PATCH') and \
-                        (request.method, request.route.rule) not in UNKEYED_ROUTES:
+                        (request.method, request.route.rule) not in UNKEYED_ROUTES and not refused_for_no_key():
                     return keyed(handler, params, read_idempotency_key(key), before)
             except APIError as error:
                 close_unread_body()

@@ -38,7 +38,7 @@ class UnreadBody(io.RawIOBase):
     readline = read
 
 
-def call_with_unread_body(app, method, path, key=None):
+def call_with_unread_body(app, method, path, key=None, idempotency_key=None):
     """Send `method path` declaring a 1 MiB JSON body; return (status, body, how often the body was read)."""
     body = UnreadBody()
     environ = {
@@ -50,6 +50,8 @@ def call_with_unread_body(app, method, path, key=None):
     }
     if key:
         environ['HTTP_AUTHORIZATION'] = f'Bearer {key}'
+    if idempotency_key:
+        environ['HTTP_IDEMPOTENCY_KEY'] = idempotency_key
     seen = {}
 
     def start_response(status, headers, exc_info=None):
@@ -124,6 +126,9 @@ def test_no_key_is_401_before_the_body_is_read_on_every_keyed_write(app):
         status, body, reads = call_with_unread_body(app, method, fill(path, str(uuid.uuid4())))
         assert (status, body['code'], reads) == (401, 'unauthorized', 0), (method, path)
         status, body, reads = call_with_unread_body(app, method, fill(path, str(uuid.uuid4())), key='mk_' + 'x' * 40)
+        assert (status, body['code'], reads) == (401, 'unauthorized', 0), (method, path)
+        status, body, reads = call_with_unread_body(app, method, fill(path, str(uuid.uuid4())),
+                                                    idempotency_key=str(uuid.uuid4()))     # a key changes nothing
         assert (status, body['code'], reads) == (401, 'unauthorized', 0), (method, path)
         checked += 1
     assert checked >= 20
