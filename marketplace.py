@@ -92,6 +92,14 @@ def parse_on_off(text):
     return value
 
 
+def parse_log_format(text):
+    """Read 'text' or 'json'."""
+    value = str(text).strip().lower()
+    if value not in ('text', 'json'):
+        raise ValueError(f'expected text or json, got {text!r}')
+    return value
+
+
 def parse_percent(text):
     """Read a percentage between 0 and 100 with at most two decimal places."""
     try:
@@ -233,6 +241,9 @@ SETTINGS = [
             'agents one account may register (admins too); one more is 409 too_many_agents'),
     Setting('trust_proxy', False, parse_bool,
             'take the client IP from the last X-Forwarded-For entry (only behind your own proxy)'),
+    Setting('log_format', 'text', parse_log_format,
+            'log lines: text, or json (one object per line: each request with its route, status, duration, client '
+            'and request id)'),
     Setting('shutdown_timeout', 10.0, parse_positive(float),
             'seconds SIGTERM waits for requests in flight before closing them'),
     Setting('header_timeout', 10.0, parse_positive(float),
@@ -1843,14 +1854,20 @@ class RateLimiter:
         return allowed, headers
 
 
-def client_ip():
-    """The caller's IP: the socket's peer, or the last X-Forwarded-For hop with --trust-proxy."""
-    if service().settings.trust_proxy:
-        forwarded = request.get_header('X-Forwarded-For', '')
+def client_address(environ, trust_proxy):
+    """The client of a request's WSGI environ: the socket's peer, or the last X-Forwarded-For hop with
+    --trust-proxy (the address that proxy saw; what came before it, the client may have written)."""
+    if trust_proxy:
+        forwarded = environ.get('HTTP_X_FORWARDED_FOR', '')
         hops = [hop.strip() for hop in forwarded.split(',') if hop.strip()]
         if hops:
             return hops[-1]
-    return request.environ.get('REMOTE_ADDR', '')
+    return environ.get('REMOTE_ADDR', '')
+
+
+def client_ip():
+    """The caller's IP, as the rate limits count it (client_address of this request)."""
+    return client_address(request.environ, service().settings.trust_proxy)
 
 
 def count_request(bucket):
@@ -6181,7 +6198,7 @@ def act_as(account, method, path, body=None, idempotency_key=None):
     raw = b'' if body is None else orjson.dumps(body)
     environ = {name: value for name, value in outer.items() if name in (
         'REMOTE_ADDR', 'SERVER_NAME', 'SERVER_PORT', 'SERVER_PROTOCOL', 'HTTP_HOST', 'HTTP_X_FORWARDED_FOR',
-        'HTTP_X_FORWARDED_PROTO', 'wsgi.url_scheme', 'wsgi.errors', 'wsgi.version', 'wsgi.multithread',
+        'HTTP_X_FORWARDED_PROTO', REQUEST_ID_KEY, 'wsgi.url_scheme', 'wsgi.errors', 'wsgi.version', 'wsgi.multithread',
         'wsgi.multiprocess', 'wsgi.run_once')}
     environ.update({'REQUEST_METHOD': method, 'PATH_INFO': path, 'QUERY_STRING': '', 'wsgi.input': io.BytesIO(raw),
                     'CONTENT_LENGTH': str(len(raw)), 'CONTENT_TYPE': 'application/json',
@@ -7754,6 +7771,32 @@ class Service:
         self.db.close()
 
 
+# Every answer carries X-Request-Id, and --log-format json writes it in the request's line: the client's own id
+# when it is sane, else a new one. '_' is not among the characters, so an API key (mk_...) is never taken as one.
+REQUEST_ID = re.compile(r'[A-Za-z0-9._:-]{1,128}')
+REQUEST_ID_KEY = 'marketplace.request_id'       # where a request's id is kept in its WSGI environ
+NO_ROUTE = '(none)'     # the route template of a request that matched none: 404, 405, refused before the app
+
+
+def sane_request_id(sent):
+    """The client's X-Request-Id if sane (1-128 of A-Z a-z 0-9 . _ : -), else a new random id."""
+    return sent if sent and REQUEST_ID.fullmatch(sent) else secrets.token_hex(16)
+
+
+def request_id(environ):
+    """The id of the request of this WSGI environ, chosen once (sane_request_id) and kept in it."""
+    if REQUEST_ID_KEY not in environ:
+        environ[REQUEST_ID_KEY] = sane_request_id(environ.get('HTTP_X_REQUEST_ID'))
+    return environ[REQUEST_ID_KEY]
+
+
+def route_template(environ=None):
+    """The route template the request matched ('/api/jobs/<job_id>'), never its raw path: a bounded label for logs
+    and metrics; NO_ROUTE when it matched none. `environ`: the request's WSGI environ (default: this request's)."""
+    route = (request.environ if environ is None else environ).get('bottle.route')
+    return route.rule if route is not None else NO_ROUTE
+
+
 # Every answer is read as the type it declares; pages run only this origin's scripts and styles, post forms only
 # here, and are framed by nobody.
 PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
@@ -7948,12 +7991,15 @@ def make_app(settings):
     app.default_error_handler = error_page
     bottle_wsgi = app.wsgi
 
-    def wsgi_with_security_headers(environ, start_response):
+    def wsgi_with_common_headers(environ, start_response):
+        answer_id = request_id(environ)
+
         def start(status, headers, exc_info=None):
-            return start_response(status, security_headers(headers), exc_info)
+            headers = [(name, value) for name, value in headers if name.lower() != 'x-request-id']
+            return start_response(status, security_headers(headers) + [('X-Request-Id', answer_id)], exc_info)
         return bottle_wsgi(environ, start)
 
-    app.wsgi = wsgi_with_security_headers       # every answer: API, pages, errors, static files, the feed
+    app.wsgi = wsgi_with_common_headers     # every answer: API, pages, errors, static files, the feed
     return app
 
 
@@ -8111,13 +8157,48 @@ FILES_BESIDE_CONNECTIONS = 256  # open files the process needs beside its connec
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
-def protocol_error(status):
-    """The whole HTTP answer to a request gevent refuses before the app sees it, as JSON like every error."""
+def protocol_error(status, answer_id):
+    """The whole HTTP answer to a request gevent refuses before the app sees it, as JSON like every error, with
+    its X-Request-Id."""
     status = status if status in PROTOCOL_ERRORS else 400
     reason, code, message = PROTOCOL_ERRORS[status]
     body = json.dumps({'error': message, 'code': code, 'status': status}).encode()
     return (f'HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: {JSON_TYPE}\r\n'
+            f'X-Content-Type-Options: nosniff\r\nX-Request-Id: {answer_id}\r\n'
             f'Content-Length: {len(body)}\r\n\r\n').encode() + body
+
+
+def sent_request_id(header_lines):
+    """The X-Request-Id among a request's raw header lines (None if absent), for an answer the app never saw."""
+    for line in header_lines:
+        name, colon, value = line.partition(b':')
+        if colon and name.strip().lower() == b'x-request-id':
+            return value.strip().decode('latin-1')
+    return None
+
+
+class JsonLogFormatter(logging.Formatter):
+    """--log-format json: a log record as one JSON object on one line (time, level, logger, message[, exception])."""
+
+    def format(self, record):
+        line = {'time': iso(datetime.fromtimestamp(record.created, timezone.utc)), 'level': record.levelname,
+                'logger': record.name, 'message': record.getMessage()}
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line['exception'] = record.exc_text
+        return json.dumps(line)
+
+
+def access_line(environ, status, seconds, trust_proxy):
+    """--log-format json: one answered request as a JSON line. The route is its template, never the raw path (no
+    ids, no query string); no header is written but the request id (which cannot be an API key)."""
+    method = environ.get('REQUEST_METHOD') or None
+    return json.dumps({'time': iso(datetime.now(timezone.utc)), 'method': method,
+                       'route': route_template(environ), 'status': status,
+                       'duration_ms': round(seconds * 1000, 3),
+                       'client': client_address(environ, trust_proxy) or None,
+                       'request_id': environ.get(REQUEST_ID_KEY)})
 
 
 class MalformedRequest(ValueError):
@@ -8198,6 +8279,7 @@ def make_server(app, settings):
     `timeout` seconds. Handlers run in a pool so that stop() can wait for them.
     """
     import gevent
+    import gevent.pywsgi
     from gevent.pool import Pool
     from gevent.pywsgi import MAX_REQUEST_LINE, WSGIHandler, WSGIServer
 
@@ -8205,6 +8287,7 @@ def make_server(app, settings):
         requests_started = 0
         header_lines = ()
         refusal = None              # the status that answers the request being read, when it is refused
+        refused_with = None         # (status, request id) of the answer to a request refused before the app
 
         def read_requestline(self):
             """The request line once the whole header block is in; '' closes the connection."""
@@ -8282,11 +8365,43 @@ def make_server(app, settings):
                 self.wsgi_input._discard = lambda: None     # closed undrained: a refused body is never read
 
         def handle_one_request(self):
+            self.refused_with = None
             result = super().handle_one_request()
             if isinstance(result, tuple):       # refused before the app: gevent's answer has an empty body
                 status = self.refusal or int(result[0])
-                result = (str(status), protocol_error(status))
+                self.refused_with = (status, sane_request_id(sent_request_id(self.header_lines)))
+                result = (str(status), protocol_error(*self.refused_with))
             return result
+
+        def _send_error_response_if_possible(self, error_code):
+            """gevent's own answer (a body that could not be read, a failure outside Bottle), with the request's id."""
+            if self.response_length:
+                self.close_connection = True
+                return
+            status, headers, body = gevent.pywsgi._ERRORS[error_code]
+            answer_id = request_id(self.environ) if isinstance(self.environ, dict) else sane_request_id(None)
+            try:
+                self.start_response(status, [*headers, ('X-Content-Type-Options', 'nosniff'),
+                                             ('X-Request-Id', answer_id)])
+                self.write(body)
+            except OSError:
+                self.close_connection = True
+
+        def log_request(self):
+            """The access log: gevent's line, or with --log-format json access_line (refusals before the app too)."""
+            if settings.log_format != 'json':
+                return super().log_request()
+            if self.refused_with:
+                status, answer_id = self.refused_with
+                method = (self.requestline or '').partition(' ')[0]
+                environ = {'REMOTE_ADDR': self.client_address[0] if isinstance(self.client_address, tuple) else '',
+                           'REQUEST_METHOD': method if status != 408 and re.fullmatch('[A-Z]{1,20}', method) else '',
+                           REQUEST_ID_KEY: answer_id}
+            else:
+                environ = self.environ
+                status = int((self._orig_status or self.status or '0').split()[0])
+            seconds = (self.time_finish or time.time()) - self.time_start
+            self.server.log.write(access_line(environ, status, seconds, settings.trust_proxy) + '\n')
 
     class Server(WSGIServer):
         handler_class = Handler
@@ -8344,9 +8459,9 @@ def make_server(app, settings):
                     pass
             super().stop(timeout=timeout)
 
-    # A backlog of 1024: after a restart every stream reconnects at once. The access log is gevent's own line,
-    # written straight to stderr: through `logging` it cost a sixth of the throughput and let a few kept-alive
-    # connections wait for seconds under load (make bench).
+    # A backlog of 1024: after a restart every stream reconnects at once. The access log is gevent's own line (or
+    # access_line with --log-format json), written straight to stderr: through `logging` it cost a sixth of the
+    # throughput and let a few kept-alive connections wait for seconds under load (make bench).
     return Server((settings.host, settings.port), app, spawn=Pool(), backlog=1024, log=sys.stderr,
                   error_log=logging.getLogger('marketplace.server'))
 
@@ -8474,6 +8589,9 @@ def main(argv=None):
         settings = load_settings({s.name: getattr(args, s.name, None) for s in SETTINGS})
     except ValueError as exc:
         parser.error(str(exc))
+    if settings.log_format == 'json':
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonLogFormatter())
     hide_secrets_in_logs(settings)
     if args.command == 'serve' and settings.replica_url and not os.environ.get(replication.UNDER_LITESTREAM):
         try:        # becomes litestream, which runs this same command as its child (marked UNDER_LITESTREAM)
