@@ -7773,13 +7773,13 @@ class Service:
 
 # Every answer carries X-Request-Id, and --log-format json writes it in the request's line: the client's own id
 # when it is sane, else a new one. '_' is not among the characters, so an API key (mk_...) is never taken as one.
-REQUEST_ID = re.compile(r'[A-Za-z0-9._:-]{1,128}')
+REQUEST_ID = re.compile(r'[A-Za-z0-9.:-]{1,128}')
 REQUEST_ID_KEY = 'marketplace.request_id'       # where a request's id is kept in its WSGI environ
 NO_ROUTE = '(none)'     # the route template of a request that matched none: 404, 405, refused before the app
 
 
 def sane_request_id(sent):
-    """The client's X-Request-Id if sane (1-128 of A-Z a-z 0-9 . _ : -), else a new random id."""
+    """The client's X-Request-Id if sane (1-128 of A-Z a-z 0-9 . : -), else a new random id."""
     return sent if sent and REQUEST_ID.fullmatch(sent) else secrets.token_hex(16)
 
 
