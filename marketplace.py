@@ -7529,6 +7529,9 @@ API_HEADERS = {
     'Idempotent-Replayed': {'description': '`true` on an answer given back for an Idempotency-Key sent before (the '
                                            'first answer, byte for byte); absent otherwise.',
                             'schema': {'type': 'string', 'enum': ['true']}},
+    'X-Request-Id': {'description': "On every answer: the request's id, as in the server's log; the client's own "
+                                    'X-Request-Id when it is 1-128 characters of A-Z a-z 0-9 . : -, else a new one.',
+                     'schema': {'type': 'string'}},
 }
 RATE_LIMIT_HEADERS = ('X-RateLimit-Limit', 'X-RateLimit-Remaining', 'X-RateLimit-Reset')
 
@@ -7639,6 +7642,13 @@ def priced_operation(operation, price):
     return operation
 
 
+def with_request_id(answer):
+    """A response object with the X-Request-Id header that every answer carries (a $ref: its component has it)."""
+    if '$ref' in answer:
+        return answer
+    return {**answer, 'headers': {**answer.get('headers', {}), **header_refs(('X-Request-Id',))}}
+
+
 def openapi_document(base_url, prices=()):
     """The OpenAPI 3.1 document of every route (those priced for x402 marked); ValueError when ROUTES and
     API_OPERATIONS disagree."""
@@ -7655,6 +7665,7 @@ def openapi_document(base_url, prices=()):
             operation = keyed_operation(operation)
         if (method, path) in priced:
             operation = priced_operation(operation, priced[(method, path)])
+        operation['responses'] = {status: with_request_id(answer) for status, answer in operation['responses'].items()}
         paths.setdefault(openapi_path(path), {})[method.lower()] = operation
     responses = {'Error': {'description': 'Any other error, e.g. 500, or 503 when the database is busy.',
                            'content': json_content('Error')}}
@@ -7662,6 +7673,7 @@ def openapi_document(base_url, prices=()):
         responses[name] = {'description': description, 'content': json_content('Error')}
         if headers:
             responses[name]['headers'] = header_refs(headers)
+    responses = {name: with_request_id(answer) for name, answer in responses.items()}
     return {
         'openapi': '3.1.0',
         'info': {'title': 'Job Marketplace Service API', 'version': __version__,

@@ -411,3 +411,14 @@ def test_route_template_names_the_matched_rule_never_the_path(app, path, templat
                'wsgi.url_scheme': 'http', 'wsgi.input': io.BytesIO(b''), 'wsgi.errors': sys.stderr}
     b''.join(app(environ, lambda status, headers, exc_info=None: None))
     assert mp.route_template(environ) == template
+
+
+def test_the_openapi_document_declares_the_request_id_on_every_answer(client):
+    document = client.get('/api/openapi.json').json
+    components = document['components']['responses']
+    answers = [answer for operations in document['paths'].values() for operation in operations.values()
+               for answer in operation['responses'].values()]
+    assert len(answers) > 100
+    for answer in answers:
+        answer = components[answer['$ref'].rsplit('/', 1)[1]] if '$ref' in answer else answer
+        assert answer['headers']['X-Request-Id'] == {'$ref': '#/components/headers/X-Request-Id'}
