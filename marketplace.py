@@ -8608,7 +8608,7 @@ def main(argv=None):
     if args.command == 'serve' and settings.replica_url and not os.environ.get(replication.UNDER_LITESTREAM):
         try:        # becomes litestream, which runs this same command as its child (marked UNDER_LITESTREAM)
             replication.exec_replicated(settings.db, settings.replica_url, settings.replica_endpoint,
-                                        [sys.executable, str(HERE / 'marketplace.py'), *argv])
+                                        [sys.executable, str(HERE / 'marketplace.py'), *argv], settings.log_format)
         except replication.ReplicationError as exc:
             print(f'marketplace.py serve: {exc}', file=sys.stderr)
             return 1

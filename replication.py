@@ -99,21 +99,25 @@ def litestream_environment(url, endpoint='', environ=None):
     return env
 
 
-def configuration(db_path, url, endpoint=''):
-    """The configuration that streams db_path to the replica every SYNC_INTERVAL (no credentials in it)."""
+def configuration(db_path, url, endpoint='', log_format='text'):
+    """The configuration that streams db_path to the replica every SYNC_INTERVAL (no credentials in it); Litestream
+    logs JSON lines when the server does (log_format 'json')."""
     replica = {'url': public_url(url), 'sync-interval': SYNC_INTERVAL}
     if endpoint:
         replica.update({'endpoint': endpoint.rstrip('/'), 'force-path-style': True})
     # A WAL check every 100 ms (the default is 1 s): Litestream takes the database up at its first check, and a
     # stop before that synced nothing at all, not even at the end.
-    return {'dbs': [{'path': str(Path(db_path).resolve()), 'monitor-interval': MONITOR_INTERVAL,
-                     'replica': replica}]}
+    config = {'dbs': [{'path': str(Path(db_path).resolve()), 'monitor-interval': MONITOR_INTERVAL,
+                       'replica': replica}]}
+    if log_format == 'json':
+        config['logging'] = {'type': 'json'}
+    return config
 
 
-def write_configuration(config_path, db_path, url, endpoint=''):
+def write_configuration(config_path, db_path, url, endpoint='', log_format='text'):
     """Write the configuration as JSON (valid YAML) to config_path; its path."""
     config_path = Path(config_path)
-    config_path.write_text(json.dumps(configuration(db_path, url, endpoint), indent=2) + '\n')
+    config_path.write_text(json.dumps(configuration(db_path, url, endpoint, log_format), indent=2) + '\n')
     return str(config_path)
 
 
@@ -162,11 +166,11 @@ def replicate_command(config_path, server_command):
             '-exec', shlex.join(server_command)]
 
 
-def exec_replicated(db_path, url, endpoint, server_command):
+def exec_replicated(db_path, url, endpoint, server_command, log_format='text'):
     """Replace this process with litestream replicating db_path and running server_command as its child, so that
     signals sent to this pid (SIGTERM) reach litestream, which passes them on and syncs once more at the end."""
     check_replica(db_path, url, endpoint)
-    config = write_configuration(f'{db_path}.litestream.yml', db_path, url, endpoint)
+    config = write_configuration(f'{db_path}.litestream.yml', db_path, url, endpoint, log_format)
     command = replicate_command(config, server_command)
     env = litestream_environment(url, endpoint)
     env[UNDER_LITESTREAM] = str(os.getpid())       # exec keeps the pid: litestream's, the server's parent

@@ -422,3 +422,21 @@ def test_the_openapi_document_declares_the_request_id_on_every_answer(client):
     for answer in answers:
         answer = components[answer['$ref'].rsplit('/', 1)[1]] if '$ref' in answer else answer
         assert answer['headers']['X-Request-Id'] == {'$ref': '#/components/headers/X-Request-Id'}
+
+
+def test_json_logs_under_litestream_are_json_too(tmp_path):
+    """The unit's way with --replica-url: Litestream runs the server and writes JSON lines too (its own fields)."""
+    server = LiveServer(tmp_path / 'replicated.db', ['--log-format', 'json',
+                                                      '--replica-url', f'file://{tmp_path}/replica']).start()
+    output = Output(server)
+    try:
+        answer = requests.get(server.url + '/api/health', headers={'X-Request-Id': 'replicated-1'}, timeout=TIMEOUT)
+        assert answer.json()['replication']['enabled'] is True
+        assert server.terminate() == 0
+    finally:
+        stop(server)
+    lines = [json.loads(line) for line in output.text().splitlines()]
+    assert [line['route'] for line in lines if line.get('request_id') == 'replicated-1'] == ['/api/health']
+    assert any(line.get('msg') == 'replicating to' for line in lines)         # Litestream's
+    said = [line.get('message') or line.get('msg') for line in lines]
+    assert 'stopped' in said and said[-1] == 'litestream shut down'        # the server drained, then Litestream
