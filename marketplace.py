@@ -8294,6 +8294,7 @@ def make_server(app, settings):
     import gevent.pywsgi
     from gevent.pool import Pool
     from gevent.pywsgi import MAX_REQUEST_LINE, WSGIHandler, WSGIServer
+    hidden = setting_secrets(settings)      # never in an access line, even in a header a client wrote
 
     class Handler(WSGIHandler):
         requests_started = 0
@@ -8413,7 +8414,8 @@ def make_server(app, settings):
                 environ = self.environ
                 status = int((self._orig_status or self.status or '0').split()[0])
             seconds = (self.time_finish or time.time()) - self.time_start
-            self.server.log.write(access_line(environ, status, seconds, settings.trust_proxy) + '\n')
+            line = access_line(environ, status, seconds, settings.trust_proxy)
+            self.server.log.write(without_secrets(line, hidden) + '\n')     # as the filter does for every record
 
     class Server(WSGIServer):
         handler_class = Handler

@@ -296,7 +296,7 @@ def test_the_unit_runs_the_server_behind_the_proxy_with_files_for_every_connecti
 def test_json_logs_line_by_line(tmp_path):
     """A server with --log-format json: every line is one JSON object; each request's line has its route template,
     status, duration, client and request id; no key or query string is in any line."""
-    server = LiveServer(tmp_path / 'logs.db', ['--log-format', 'json']).start()
+    server = LiveServer(tmp_path / 'logs.db', ['--log-format', 'json', '--trust-proxy']).start()
     output = Output(server)
     try:
         answer = requests.post(server.url + '/api/accounts', json={'name': 'logged'}, timeout=TIMEOUT,
@@ -309,6 +309,7 @@ def test_json_logs_line_by_line(tmp_path):
             ('POST', '/api/jobs', {'Authorization': f'Bearer mk_{"x" * 43}', 'X-Request-Id': 'stranger-4'}),
             ('GET', '/api/health', {'X-Request-Id': 'has space'}),
             ('GET', '/api/health', {'Authorization': f'Bearer {ADMIN_KEY}', 'X-Request-Id': key}),
+            ('GET', '/api/health', {'X-Forwarded-For': ADMIN_KEY, 'X-Request-Id': 'forged-6'}),
         ]
         ids = []
         for method, path, headers in calls:
@@ -316,7 +317,7 @@ def test_json_logs_line_by_line(tmp_path):
                                       timeout=TIMEOUT)
             ids.append(answer.headers['X-Request-Id'])
             assert key not in answer.headers['X-Request-Id']
-        assert ids[:3] == ['search.2', 'missing-3', 'stranger-4']
+        assert ids[:3] == ['search.2', 'missing-3', 'stranger-4'] and ids[5] == 'forged-6'
         assert NEW_ID.fullmatch(ids[3]) and NEW_ID.fullmatch(ids[4])        # not sane: replaced
         assert server.terminate() == 0
     finally:
@@ -324,12 +325,13 @@ def test_json_logs_line_by_line(tmp_path):
     text = output.text()
     lines = [json.loads(line) for line in text.splitlines()]       # every line is JSON
     requests_by_id = {line['request_id']: line for line in lines if 'request_id' in line}
+    assert requests_by_id.pop('forged-6')['client'] == '[redacted]'      # a secret in a forwarded header
     for line in requests_by_id.values():
         assert set(line) == {'time', 'method', 'route', 'status', 'duration_ms', 'client', 'request_id'}
         assert re.fullmatch(r'\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z', line['time'])
         assert 0 <= line['duration_ms'] < 10_000 and line['client'] == '127.0.0.1'
     seen = {rid: (requests_by_id[rid]['method'], requests_by_id[rid]['route'], requests_by_id[rid]['status'])
-            for rid in ['sign-up:1', *ids]}
+            for rid in ['sign-up:1', *ids[:5]]}
     assert seen == {'sign-up:1': ('POST', '/api/accounts', 201), 'search.2': ('GET', '/api/jobs/search', 200),
                     'missing-3': ('GET', '(none)', 404), 'stranger-4': ('POST', '/api/jobs', 401),
                     ids[3]: ('GET', '/api/health', 200), ids[4]: ('GET', '/api/health', 200)}
