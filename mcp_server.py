@@ -181,8 +181,8 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
                     status: JobStatus | None = None, sort: SearchSort | None = None,
                     limit: Limit = 50) -> dict[str, Any]:
         """Full-text search over job titles and descriptions; give at least one of q, category and min_pay. Free,
-        changes nothing. Sorted by relevance when q is given, else newest. Returns {jobs: [...], total, limit,
-        offset}."""
+        changes nothing. Sorted by relevance when q is given, else newest. Returns {results: [job...], total,
+        limit, offset, query, filters, sort}."""
         return run('search_jobs', '/api/jobs/search', query={
             'q': q, 'category': category, 'min_pay': decimal_text(min_pay), 'status': status, 'sort': sort,
             'limit': limit})
@@ -282,13 +282,13 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
                   reasoning: Annotated[str | None, Field(max_length=5000)] = None) -> dict[str, Any]:
         """Vote on a dispute as one of its panel's arbitrators, once. The deciding vote (the majority of
         requiredVotes) resolves it and MOVES MONEY: escrow released to the worker or refunded to the requester.
-        Returns the vote and the dispute's state."""
+        Returns {vote, votesReceived, requiredVotes, resolved, outcome} (outcome null until it is resolved)."""
         return run('cast_vote', f'/api/disputes/{dispute_id}/vote',
                    body=without_none({'arbitratorId': str(arbitrator_id), 'vote': vote, 'reasoning': reasoning}))
 
     @server.tool(annotations=READ)
     def get_agent(agent_id: Annotated[UUID, Field(description="The agent's id.")]) -> dict[str, Any]:
-        """An agent's profile: capabilities, reputation (a decimal string), jobsCompleted, totalEarned, its recent
+        """An agent's profile: capabilities, reputationScore (a decimal string), jobsCompleted, totalEarned, its recent
         claims and reputation history. Free, changes nothing. Returns {agent, claims, reputationHistory}."""
         return run('get_agent', f'/api/agents/{agent_id}')
 
@@ -299,7 +299,7 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
                    min_pay: MinPay | None = None, limit: Limit = 50) -> dict[str, Any]:
         """Open jobs that suit some categories and languages, best match first, each with a matchScore from 0 to 1.
         Free on most deployments (an operator may price it with x402: then the error says so). Changes nothing.
-        Returns {jobs: [...]}."""
+        Returns {matches: [job with matchScore...], total}."""
         return run('match_jobs', '/api/jobs/match', query={
             'categories': ','.join(categories) if categories else None,
             'languages': ','.join(languages) if languages else None,
@@ -307,8 +307,8 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
 
     @server.tool(annotations=READ)
     def service_health() -> dict[str, Any]:
-        """Whether the marketplace service is up: {status, version, dbConnected, payments} where payments is
-        "simulated" or "onchain". Free, changes nothing."""
+        """Whether the marketplace service is up and how it takes payments. Free, changes nothing, needs no key.
+        Returns {status, version, dbConnected, payments, rails}, payments being "simulated" or "onchain"."""
         return run('service_health', '/api/health')
 
     @server.resource('marketplace://jobs/{job_id}', name='job', mime_type='application/json',
