@@ -7,6 +7,7 @@ JSON answer is the tool's structured result, an API error is a tool error keepin
 """
 
 import hashlib
+import inspect
 import json
 import secrets
 from decimal import Decimal
@@ -157,24 +158,32 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
                      'string ("25.00"). Every write acts with the API key this server was started with.')
     server.api = api
 
-    def run(tool, path, *, query=None, body=None):
+    def api_tool(annotations):
+        """Register a function as a tool named after it, its docstring (dedented) as its description."""
+        def register(function):
+            server.add_tool(function, description=inspect.cleandoc(function.__doc__), annotations=annotations)
+            return function
+        return register
+
+    def call_api(tool, path, *, query=None, body=None):
+        """The API's answer to a tool's call; its failure becomes the tool's error."""
         method = TOOL_OPERATIONS[tool][0]
         try:
             return api.call(method, path, query=query, body=body, tool=tool)
         except APIFailure as exc:
             raise ToolError(str(exc)) from None
 
-    @server.tool(annotations=READ)
+    @api_tool(READ)
     def list_jobs(status: JobStatus | None = None, category: Category | None = None, min_pay: MinPay | None = None,
                   sort: JobSort = 'newest', limit: Limit = 50, offset: Offset = 0) -> dict[str, Any]:
         """List jobs, newest first by default, filtered by status (e.g. "open" for work you can claim), category
         and minimum pay. Free, changes nothing. Returns {jobs: [job...], total, limit, offset}; each job has id,
         title, paymentAmount (a decimal string), paymentCurrency, deadline, status and claimCount."""
-        return run('list_jobs', '/api/jobs', query={
+        return call_api('list_jobs', '/api/jobs', query={
             'status': status, 'category': category, 'min_pay': decimal_text(min_pay), 'sort': sort,
             'limit': limit, 'offset': offset})
 
-    @server.tool(annotations=READ)
+    @api_tool(READ)
     def search_jobs(q: Annotated[str | None, Field(max_length=500, description='Words that must all match the '
                                                    'title or description (plain text).')] = None,
                     category: Category | None = None, min_pay: MinPay | None = None,
@@ -183,18 +192,18 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
         """Full-text search over job titles and descriptions; give at least one of q, category and min_pay. Free,
         changes nothing. Sorted by relevance when q is given, else newest. Returns {results: [job...], total,
         limit, offset, query, filters, sort}."""
-        return run('search_jobs', '/api/jobs/search', query={
+        return call_api('search_jobs', '/api/jobs/search', query={
             'q': q, 'category': category, 'min_pay': decimal_text(min_pay), 'status': status, 'sort': sort,
             'limit': limit})
 
-    @server.tool(annotations=READ)
+    @api_tool(READ)
     def get_job(job_id: JobId) -> dict[str, Any]:
         """One job with everything about it: its fields (requirements, acceptanceCriteria, escrowStatus...), its
         claims (with their ids, for deliver_job and verify_delivery) and its payment records. Free, changes
         nothing. Returns {job, claims, payments}."""
-        return run('get_job', f'/api/jobs/{job_id}')
+        return call_api('get_job', f'/api/jobs/{job_id}')
 
-    @server.tool(annotations=WRITE)
+    @api_tool(WRITE)
     def post_job(
             title: Annotated[str, Field(min_length=1, max_length=200)],
             description: Annotated[str, Field(min_length=1, max_length=20_000, description='What to do, in full.')],
@@ -232,17 +241,18 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
             'competitionMode': competition_mode, 'verificationWindowHours': verification_window_hours,
             'claimTimeoutHours': claim_timeout_hours, 'minReputation': decimal_text(min_reputation),
             'escrowTxHash': escrow_tx_hash, 'escrowSignature': escrow_signature})
-        return run('post_job', '/api/jobs', body=body)
+        return call_api('post_job', '/api/jobs', body=body)
 
-    @server.tool(annotations=WRITE)
+    @api_tool(WRITE)
     def claim_job(job_id: JobId, agent_id: Annotated[UUID | None, Field(
             description='An agent you own; may be left out when you own exactly one.')] = None) -> dict[str, Any]:
         """Claim an open job for one of your agents, taking a worker slot: nothing is paid yet, you must then
         deliver before the deadline (and within the job's claimTimeoutHours) or the claim expires with a
         reputation penalty. Free. Returns {claim} with the claim's id, which deliver_job needs."""
-        return run('claim_job', f'/api/jobs/{job_id}/claim', body=without_none({'agentId': agent_id and str(agent_id)}))
+        return call_api('claim_job', f'/api/jobs/{job_id}/claim',
+                        body=without_none({'agentId': agent_id and str(agent_id)}))
 
-    @server.tool(annotations=WRITE)
+    @api_tool(WRITE)
     def deliver_job(job_id: JobId, claim_id: ClaimId,
                     url: Annotated[str, Field(max_length=2048, description='Where the work is: an http(s) URL.')],
                     type: Annotated[str, Field(min_length=1, max_length=50, description='What kind of artifact '
@@ -252,10 +262,10 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
         (you are paid the job's payment minus any operator fee) or rejects it; unverified deliveries are approved
         when the verification window ends. Free. Returns {claim, job}."""
         deliverable = without_none({'type': type, 'url': url, 'notes': notes})
-        return run('deliver_job', f'/api/jobs/{job_id}/deliver',
-                   body={'claimId': str(claim_id), 'deliverable': deliverable})
+        return call_api('deliver_job', f'/api/jobs/{job_id}/deliver',
+                        body={'claimId': str(claim_id), 'deliverable': deliverable})
 
-    @server.tool(annotations=MONEY_MOVES)
+    @api_tool(MONEY_MOVES)
     def verify_delivery(job_id: JobId, claim_id: ClaimId,
                         approved: Annotated[bool, Field(description='true releases the escrow to the worker; false '
                                                         'refunds it to you.')],
@@ -264,18 +274,19 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
         escrow to the worker and completes the job; rejecting refunds it to you and (one worker) ends the job
         rejected. Dispute instead (open_dispute) to let arbitrators decide. Returns {job, claim, escrowStatus,
         payments}."""
-        return run('verify_delivery', f'/api/jobs/{job_id}/verify',
-                   body=without_none({'claimId': str(claim_id), 'approved': approved, 'reason': reason}))
+        return call_api('verify_delivery', f'/api/jobs/{job_id}/verify',
+                        body=without_none({'claimId': str(claim_id), 'approved': approved, 'reason': reason}))
 
-    @server.tool(annotations=WRITE)
+    @api_tool(WRITE)
     def open_dispute(job_id: JobId, claim_id: ClaimId,
                      reason: Annotated[str, Field(min_length=1, max_length=5000)]) -> dict[str, Any]:
         """As the job's requester, dispute a delivered claim: the escrow stays locked until a panel of arbitrators
         (or an admin) decides for the worker (paid) or for you (refunded). Free. Returns {dispute, job}; the
         dispute's id is what cast_vote needs."""
-        return run('open_dispute', f'/api/jobs/{job_id}/dispute', body={'claimId': str(claim_id), 'reason': reason})
+        return call_api('open_dispute', f'/api/jobs/{job_id}/dispute',
+                        body={'claimId': str(claim_id), 'reason': reason})
 
-    @server.tool(annotations=MONEY_MOVES)
+    @api_tool(MONEY_MOVES)
     def cast_vote(dispute_id: Annotated[UUID, Field(description="The dispute's id.")],
                   arbitrator_id: Annotated[UUID, Field(description="An arbitrator you own, on the dispute's panel.")],
                   vote: Annotated[Outcome, Field(description='worker: pay the worker; requester: refund.')],
@@ -283,16 +294,16 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
         """Vote on a dispute as one of its panel's arbitrators, once. The deciding vote (the majority of
         requiredVotes) resolves it and MOVES MONEY: escrow released to the worker or refunded to the requester.
         Returns {vote, votesReceived, requiredVotes, resolved, outcome} (outcome null until it is resolved)."""
-        return run('cast_vote', f'/api/disputes/{dispute_id}/vote',
-                   body=without_none({'arbitratorId': str(arbitrator_id), 'vote': vote, 'reasoning': reasoning}))
+        return call_api('cast_vote', f'/api/disputes/{dispute_id}/vote',
+                        body=without_none({'arbitratorId': str(arbitrator_id), 'vote': vote, 'reasoning': reasoning}))
 
-    @server.tool(annotations=READ)
+    @api_tool(READ)
     def get_agent(agent_id: Annotated[UUID, Field(description="The agent's id.")]) -> dict[str, Any]:
         """An agent's profile: capabilities, reputationScore (a decimal string), jobsCompleted, totalEarned, its recent
         claims and reputation history. Free, changes nothing. Returns {agent, claims, reputationHistory}."""
-        return run('get_agent', f'/api/agents/{agent_id}')
+        return call_api('get_agent', f'/api/agents/{agent_id}')
 
-    @server.tool(annotations=READ)
+    @api_tool(READ)
     def match_jobs(categories: Annotated[list[Category] | None, Field(description='Any of these match.')] = None,
                    languages: Annotated[list[str] | None, Field(description='Programming or human languages, '
                                                                 'e.g. ["python"].')] = None,
@@ -300,16 +311,16 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
         """Open jobs that suit some categories and languages, best match first, each with a matchScore from 0 to 1.
         Free on most deployments (an operator may price it with x402: then the error says so). Changes nothing.
         Returns {matches: [job with matchScore...], total}."""
-        return run('match_jobs', '/api/jobs/match', query={
+        return call_api('match_jobs', '/api/jobs/match', query={
             'categories': ','.join(categories) if categories else None,
             'languages': ','.join(languages) if languages else None,
             'min_pay': decimal_text(min_pay), 'limit': limit})
 
-    @server.tool(annotations=READ)
+    @api_tool(READ)
     def service_health() -> dict[str, Any]:
         """Whether the marketplace service is up and how it takes payments. Free, changes nothing, needs no key.
         Returns {status, version, dbConnected, payments, rails}, payments being "simulated" or "onchain"."""
-        return run('service_health', '/api/health')
+        return call_api('service_health', '/api/health')
 
     @server.resource('marketplace://jobs/{job_id}', name='job', mime_type='application/json',
                      description='A job as JSON, with its claims and payment records (GET /api/jobs/{job_id}).')

@@ -1,6 +1,7 @@
 """`marketplace.py mcp`: the MCP server for agents, driven with the mcp SDK's own client, in-process and over stdio."""
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -186,6 +187,21 @@ def test_an_unreachable_service_is_a_tool_error_naming_it_and_fast(offline):
     assert answer.content[0].text == (f'Error executing tool list_jobs: The marketplace service is unreachable at '
                                       f'{CLOSED_URL} (ConnectionError); is it running, and is the URL right?')
     assert 'Traceback' not in answer.content[0].text
+
+
+def test_a_service_that_never_answers_is_a_tool_error_after_the_time_out(portal):
+    with socket.socket() as silent:     # accepts connections (the backlog) and never answers
+        silent.bind(('127.0.0.1', 0))
+        silent.listen()
+        url = 'http://127.0.0.1:%d' % silent.getsockname()[1]
+        with portal.wrap_async_context_manager(Client(mcp_server.make_server(url, 'key', timeout=1))) as client:
+            started = time.monotonic()
+            answer = Session(portal, client).call('get_job', job_id=str(uuid.uuid4()))
+            waited = time.monotonic() - started
+    assert answer.is_error is True
+    assert answer.content[0].text == (f'Error executing tool get_job: The marketplace service at {url} did not '
+                                      'answer within 1 s (unreachable); try again later.')
+    assert 1 <= waited < 5
 
 
 def test_the_write_key_is_the_calls_hash_plus_the_process_nonce():
