@@ -156,7 +156,6 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
                      'approves; or post work (post_job, its payment locked in escrow) and approve or reject what is '
                      'delivered (verify_delivery), disputing if needed (open_dispute, cast_vote). Money is a decimal '
                      'string ("25.00"). Every write acts with the API key this server was started with.')
-    server.api = api
 
     def api_tool(annotations):
         """Register a function as a tool named after it, its docstring (dedented) as its description."""
