@@ -10,6 +10,7 @@ Run it:
     python marketplace.py backup PATH                # online SQLite backup
     python marketplace.py restore --replica-url URL --db PATH [--timestamp ISO]   # from Litestream's replica
     python marketplace.py check-ledger               # does every job's money add up?
+    python marketplace.py mcp [--url URL] [--api-key KEY]   # an MCP server on stdio for agents, over the API
 
 Every setting is a --flag and a MARKETPLACE_<NAME> environment variable; see SETTINGS below
 or `python marketplace.py serve --help`.
@@ -17,8 +18,11 @@ or `python marketplace.py serve --help`.
 
 __version__ = '2.0.0'
 
-if __name__ == '__main__':
-    # Only as a program: tests import this module without patching the standard library.
+import sys
+
+if __name__ == '__main__' and sys.argv[1:2] == ['serve']:
+    # Only to serve: tests import this module unpatched, the other commands need no greenlets, and `mcp` runs the
+    # MCP SDK on asyncio and threads, which gevent's patches would break.
     from gevent import monkey
     monkey.patch_all()
 
@@ -40,7 +44,6 @@ import re
 import secrets
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -294,6 +297,9 @@ SETTINGS = [
             'stream the database to file:///dir or s3://bucket/path with Litestream (every second); '
             'credentials from AWS_*'),
     Setting('replica_endpoint', '', str, 'the endpoint of an S3-compatible store for --replica-url (http(s)://host)'),
+    Setting('url', 'http://127.0.0.1:8080', str, 'mcp: the API the MCP server calls (local or remote)'),
+    Setting('api_key', '', str, 'mcp: the API key the MCP server acts with; best given as the env var'),
+    Setting('mcp_timeout', 30.0, parse_positive(float), 'mcp: seconds one API call of the MCP server may take'),
 ]
 
 
@@ -8407,7 +8413,7 @@ def setting_secrets(settings):
     """What logs must never show of the settings: keys, webhook secrets, the paths and queries of the RPC and
     facilitator URLs (a provider's key is often there), the replica URL's user info and the AWS secret variables."""
     keys = [settings.escrow_key, settings.escrow_key.removeprefix('0x'), settings.admin_key,
-            settings.stripe_secret_key, settings.stripe_webhook_secret]
+            settings.stripe_secret_key, settings.stripe_webhook_secret, settings.api_key]
     return ([key for key in keys if key] + url_secrets(settings.rpc_url) + url_secrets(settings.facilitator_url)
             + replication.secrets(settings.replica_url))
 
@@ -8460,6 +8466,8 @@ def main(argv=None):
                                     help="restore --db (a new path) from Litestream's --replica-url, then check it")
     restoring.add_argument('--timestamp', help='the moment to restore, ISO 8601 (default: the latest)')
     commands.add_parser('sweep', parents=[common], help='run the expire and auto-verify sweeps once (for cron)')
+    commands.add_parser('mcp', parents=[common],
+                        help='a Model Context Protocol server on stdio for agents, over the API at --url')
     keys = commands.add_parser('keys', help='manage API keys').add_subparsers(dest='keys_command', required=True)
     create = keys.add_parser('create', parents=[common], help='create an account and print its key')
     create.add_argument('--name', required=True)
@@ -8475,6 +8483,10 @@ def main(argv=None):
     except ValueError as exc:
         parser.error(str(exc))
     hide_secrets_in_logs(settings)
+    if args.command == 'mcp':
+        import mcp_server   # the only user of the mcp SDK, never under gevent
+        mcp_server.run(settings.url, settings.api_key, settings.mcp_timeout)
+        return 0
     if args.command == 'serve' and settings.replica_url and not os.environ.get(replication.UNDER_LITESTREAM):
         try:        # becomes litestream, which runs this same command as its child (marked UNDER_LITESTREAM)
             replication.exec_replicated(settings.db, settings.replica_url, settings.replica_endpoint,
