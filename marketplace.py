@@ -296,7 +296,8 @@ SETTINGS = [
             'stream the database to file:///dir or s3://bucket/path with Litestream (every second); '
             'credentials from AWS_*'),
     Setting('replica_endpoint', '', str, 'the endpoint of an S3-compatible store for --replica-url (http(s)://host)'),
-    Setting('metrics_host', '127.0.0.1', str, 'address of the --metrics-port listener (keep it loopback: no key asked)'),
+    Setting('metrics_host', '127.0.0.1', str,
+            'address of the --metrics-port listener (keep it loopback: no key asked)'),
     Setting('metrics_port', 0, parse_range(0, 65535),
             'serve GET /metrics without a key on this second port (0: off; on the main port it needs an admin key)'),
 ]
