@@ -10,6 +10,7 @@ Run it:
     python marketplace.py backup PATH                # online SQLite backup
     python marketplace.py restore --replica-url URL --db PATH [--timestamp ISO]   # from Litestream's replica
     python marketplace.py check-ledger               # does every job's money add up?
+    python marketplace.py mcp [--url URL] [--api-key KEY]   # an MCP server on stdio for agents, over the API
 
 Every setting is a --flag and a MARKETPLACE_<NAME> environment variable; see SETTINGS below
 or `python marketplace.py serve --help`.
@@ -17,8 +18,11 @@ or `python marketplace.py serve --help`.
 
 __version__ = '2.0.0'
 
-if __name__ == '__main__':
-    # Only as a program: tests import this module without patching the standard library.
+import sys
+
+if __name__ == '__main__' and sys.argv[1:2] == ['serve']:
+    # Only to serve: tests import this module unpatched, the other commands need no greenlets, and `mcp` runs the
+    # MCP SDK on asyncio and threads, which gevent's patches would break.
     from gevent import monkey
     monkey.patch_all()
 
@@ -29,6 +33,7 @@ import functools
 import hashlib
 import hmac
 import html
+import importlib.util
 import io
 import ipaddress
 import itertools
@@ -40,7 +45,6 @@ import re
 import secrets
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -61,6 +65,7 @@ import requests
 import urllib3
 from bottle import request, response
 
+import metrics
 import replication
 from verifier.addresses import address_problem
 from verifier.errors import ChainUnavailable, FeeTooLow, VerificationError
@@ -305,6 +310,13 @@ SETTINGS = [
             'stream the database to file:///dir or s3://bucket/path with Litestream (every second); '
             'credentials from AWS_*'),
     Setting('replica_endpoint', '', str, 'the endpoint of an S3-compatible store for --replica-url (http(s)://host)'),
+    Setting('url', 'http://127.0.0.1:8080', str, 'mcp: the API the MCP server calls (local or remote)'),
+    Setting('api_key', '', str, 'mcp: the API key the MCP server acts with; best given as the env var'),
+    Setting('mcp_timeout', 30.0, parse_positive(float), 'mcp: seconds one API call of the MCP server may take'),
+    Setting('metrics_host', '127.0.0.1', str,
+            'address of the --metrics-port listener (keep it loopback: no key asked)'),
+    Setting('metrics_port', 0, parse_range(0, 65535),
+            'serve GET /metrics without a key on this second port (0: off; on the main port it needs an admin key)'),
 ]
 
 
@@ -4726,6 +4738,35 @@ def health():
     return health
 
 
+def metrics_state(svc):
+    """What /metrics shows of the service now: a few indexed counts and what the server already knows (the
+    chain's reachability is health's, asked at most every 2 s with a 2 s time-out)."""
+    db = svc.db
+    deliveries = {'pending': 0, 'failed': 0}
+    for row in db.rows("""SELECT status, count(*) AS n FROM webhook_deliveries INDEXED BY webhook_deliveries_due
+                          WHERE status IN ('pending', 'failed') GROUP BY status"""):
+        deliveries[row['status']] = row['n']
+    pending = {(rail, kind): 0 for rail in RAILS.values() for kind in ('payout', 'refund')}
+    for row in db.rows("""SELECT rail, type, count(*) AS n FROM payments INDEXED BY payments_pending
+                          WHERE status = 'pending' AND type IN ('release', 'refund') GROUP BY rail, type"""):
+        pending[(row['rail'], 'payout' if row['type'] == 'release' else 'refund')] = row['n']
+    sizes = [os.path.getsize(path) for path in (db.path, db.path + '-wal') if os.path.exists(path)]
+    last_sweep = svc.last_sweep or (None, None)
+    return metrics.State(open_streams=len(svc.hub.streams), webhook_deliveries=deliveries, payments_pending=pending,
+                         last_sweep_at=last_sweep[0], last_sweep_seconds=last_sweep[1],
+                         chain_reachable=svc.settings.onchain.health()['reachable'] if svc.settings.onchain else None,
+                         database_bytes=sum(sizes))
+
+
+@route('GET', '/metrics')
+def get_metrics():
+    """The Prometheus text format of every series (metrics.py), for admin keys."""
+    if not is_admin(require_account()):
+        raise Forbidden('Only an admin key may read the metrics.')
+    response.content_type = metrics.CONTENT_TYPE
+    return service().metrics.scrape()
+
+
 @route('GET', '/api/x402')
 def get_x402():
     svc = service()
@@ -5803,6 +5844,9 @@ def post_auto_verify():
 TEMPLATES = HERE / 'templates'
 STYLESHEET = HERE / 'static' / 'style.css'
 BOARD_SCRIPT = HERE / 'static' / 'board.js'      # a file, not inline: the pages' CSP runs no inline script
+API_DOCS_SCRIPT = HERE / 'static' / 'api-docs.js'
+# Swagger UI's built files, shipped by the pinned swagger-ui-py package (requirements.txt), found without importing it
+SWAGGER_UI = Path(importlib.util.find_spec('swagger_ui').submodule_search_locations[0]) / 'static'
 EXPLORERS = {8453: 'https://basescan.org', 84532: 'https://sepolia.basescan.org'}     # block explorers by chain
 BOARD_SIZE = 50
 HTML_TYPE = 'text/html; charset=utf-8'
@@ -6054,6 +6098,43 @@ def arbitrators_page():
     arbitrators = db.rows(f'''{ARBITRATOR_SELECT}
         ORDER BY a.status, accuracy IS NULL, accuracy DESC, votes_cast DESC, a.created_at LIMIT 200''')
     return render('arbitrators', title='Arbitrators', arbitrators=[arbitrator_json(a) for a in arbitrators])
+
+
+@route('GET', '/api/docs', limit='pages')
+@page
+def api_docs_page():
+    """The API for people: Swagger UI over /api/openapi.json, its calls tried against this server."""
+    return render('api_docs', title='API')
+
+
+def static_file(path, content_type):
+    """A file of the pages, cached by browsers for an hour (and by the process: the files never change)."""
+    response.content_type = content_type
+    response.set_header('Cache-Control', 'public, max-age=3600')
+    return read_static(path)
+
+
+@functools.cache
+def read_static(path):
+    return path.read_bytes()
+
+
+@route('GET', '/static/api-docs.js', limit=None)
+def api_docs_script():
+    """The API page's script: starts Swagger UI (a file, not inline: the pages' CSP)."""
+    return static_file(API_DOCS_SCRIPT, 'text/javascript; charset=utf-8')
+
+
+@route('GET', '/static/swagger-ui/swagger-ui-bundle.js', limit=None)
+def swagger_ui_script():
+    """Swagger UI itself, from the pinned swagger-ui-py package (no CDN)."""
+    return static_file(SWAGGER_UI / 'swagger-ui-bundle.js', 'text/javascript; charset=utf-8')
+
+
+@route('GET', '/static/swagger-ui/swagger-ui.css', limit=None)
+def swagger_ui_stylesheet():
+    """Swagger UI's stylesheet, from the same package."""
+    return static_file(SWAGGER_UI / 'swagger-ui.css', 'text/css; charset=utf-8')
 
 
 ###############################################################################
@@ -7203,6 +7284,13 @@ API_OPERATIONS = {
     ('GET', '/api/openapi.json'): {
         'summary': 'This OpenAPI 3.1 document', 'tags': ['System'],
         'ok': (200, 'OpenAPIDocument'), 'errors': (429,)},
+    ('GET', '/metrics'): {
+        'summary': 'Prometheus metrics (text format), for admin keys', 'tags': ['System'], 'auth': 'key',
+        'ok': (200, None), 'media': ['text/plain'], 'errors': (401, 403, 429),
+        'description': 'Requests by route template and status, their durations, open streams, webhook deliveries '
+                       'pending and failed, payouts and refunds pending per rail, the last sweep, the chain node, '
+                       'the database size (README "Metrics"). 403 for a key that is not an admin\'s. Also served '
+                       'without a key on --metrics-port, a separate listener.'},
     ('POST', '/api/accounts'): {
         'summary': 'Open registration: an account and its API key', 'tags': ['Accounts'],
         'body': 'AccountCreate', 'ok': (201, 'AccountCreated'), 'errors': (400, 403, 413, 415, 429),
@@ -7376,6 +7464,20 @@ API_OPERATIONS = {
         'errors': (429,)},
     ('GET', '/static/style.css'): {
         'summary': "The pages' stylesheet", 'tags': ['Pages'], 'ok': (200, None), 'media': ['text/css'],
+        'errors': ()},
+    ('GET', '/api/docs'): {
+        'summary': 'This document for people (HTML): every operation, and a try-it-out against this server',
+        'tags': ['Pages'], 'ok': (200, None), 'media': ['text/html'], 'errors': (429,),
+        'description': 'Swagger UI, served by the service itself (GET /static/swagger-ui/...): no CDN. Authorize '
+                       'with an API key to try the operations that need one.'},
+    ('GET', '/static/api-docs.js'): {
+        'summary': "The API page's script (starts Swagger UI)", 'tags': ['Pages'], 'ok': (200, None),
+        'media': ['text/javascript'], 'errors': ()},
+    ('GET', '/static/swagger-ui/swagger-ui-bundle.js'): {
+        'summary': 'Swagger UI (pinned, served here)', 'tags': ['Pages'], 'ok': (200, None),
+        'media': ['text/javascript'], 'errors': ()},
+    ('GET', '/static/swagger-ui/swagger-ui.css'): {
+        'summary': "Swagger UI's stylesheet", 'tags': ['Pages'], 'ok': (200, None), 'media': ['text/css'],
         'errors': ()},
     ('GET', '/static/board.js'): {
         'summary': "The board's script (new jobs from the live stream)", 'tags': ['Pages'], 'ok': (200, None),
@@ -7741,6 +7843,8 @@ class Service:
         self.background = False     # True under the server: network work then runs in its own greenlet
         self.fan_out_wanted = None  # under the server: the gevent Event that wakes the fan-out greenlet
         self.running_keys = RunningKeys()   # Idempotency-Keys whose first request is running here
+        self.last_sweep = None      # (unix time it ended, seconds it took) of the last automatic sweep
+        self.metrics = metrics.Metrics(functools.partial(metrics_state, self))
         try:
             if settings.rpc_url:
                 settings.onchain = OnChain(settings)
@@ -7787,7 +7891,7 @@ class Service:
 # when it is sane, else a new one. '_' is not among the characters, so an API key (mk_...) is never taken as one.
 REQUEST_ID = re.compile(r'[A-Za-z0-9.:-]{1,128}')
 REQUEST_ID_KEY = 'marketplace.request_id'       # where a request's id is kept in its WSGI environ
-NO_ROUTE = '(none)'     # the route template of a request that matched none: 404, 405, refused before the app
+NO_ROUTE = metrics.UNMATCHED    # the route template of a request that matched none: 404, 405, refused before the app
 
 
 def sane_request_id(sent):
@@ -8004,14 +8108,18 @@ def make_app(settings):
     bottle_wsgi = app.wsgi
 
     def wsgi_with_common_headers(environ, start_response):
+        started = time.perf_counter()
         answer_id = request_id(environ)
 
         def start(status, headers, exc_info=None):
+            app.service.metrics.count_request(environ['REQUEST_METHOD'], route_template(environ), status[:3], started)
             headers = [(name, value) for name, value in headers if name.lower() != 'x-request-id']
             return start_response(status, security_headers(headers) + [('X-Request-Id', answer_id)], exc_info)
         return bottle_wsgi(environ, start)
 
-    app.wsgi = wsgi_with_common_headers     # every answer: API, pages, errors, static files, the feed
+    # Every answer, API, pages, errors, static files, the feed, /metrics itself, passes here: its security headers
+    # and X-Request-Id, and it is counted for /metrics by route template (its headers' time: a stream's first event).
+    app.wsgi = wsgi_with_common_headers
     return app
 
 
@@ -8124,8 +8232,10 @@ def sweep_forever(service):
     import gevent
     while True:
         gevent.sleep(service.settings.sweep_interval)
+        started = time.monotonic()
         try:
             result = run_sweeps(service.db, service.settings, fan_out=False)
+            service.last_sweep = (time.time(), time.monotonic() - started)
             service.fan_out()
             for job_id in result.get('checkouts', {}).get('opened', ()):
                 service.hub.publish(get_job(service.db, job_id))        # paid, and its event never came
@@ -8480,6 +8590,29 @@ def make_server(app, settings):
                   error_log=logging.getLogger('marketplace.server'))
 
 
+def metrics_app(svc):
+    """The WSGI app of the --metrics-port listener: GET /metrics without a key, and nothing else."""
+    def answer(environ, start_response):
+        method = environ['REQUEST_METHOD']
+        headers = [('X-Content-Type-Options', 'nosniff'), ('X-Request-Id', request_id(environ))]
+        if environ.get('PATH_INFO') != '/metrics':
+            status, body = 404, {'error': 'This listener serves only GET /metrics.', 'code': 'not_found'}
+        elif method not in ('GET', 'HEAD'):
+            status, body = 405, {'error': 'This path accepts only GET, HEAD.', 'code': 'method_not_allowed'}
+            headers.append(('Allow', 'GET, HEAD'))
+        else:
+            status, body = 200, svc.metrics.scrape()
+        if status == 200:
+            headers.append(('Content-Type', metrics.CONTENT_TYPE))
+        else:
+            body = json_bytes(dict(body, status=status))
+            headers.append(('Content-Type', JSON_TYPE))
+        headers.append(('Content-Length', str(len(body))))
+        start_response(f'{status} {bottle.HTTP_CODES[status]}', headers)
+        return [b''] if method == 'HEAD' else [body]
+    return answer
+
+
 def serve(settings):
     """Serve until SIGTERM or SIGINT, then finish requests in flight and return (exit 0)."""
     import gevent
@@ -8506,6 +8639,13 @@ def serve(settings):
     if os.environ.get(replication.UNDER_LITESTREAM):
         gevent.spawn(stop_without_litestream)
     server.start()
+    metrics_server = None
+    if settings.metrics_port:      # a second listener, without keys: scrapes do not count as requests
+        from gevent.pywsgi import WSGIServer
+        metrics_server = WSGIServer((settings.metrics_host, settings.metrics_port), metrics_app(app.service),
+                                    log=None, error_log=logging.getLogger('marketplace.server'))
+        metrics_server.start()
+        log.info('metrics without a key on http://%s:%s/metrics', settings.metrics_host, settings.metrics_port)
     sweeper = gevent.spawn(sweep_forever, app.service)
     fan_out = gevent.spawn(fan_out_forever, app.service)
     webhooks = WebhookWorker(app.service)
@@ -8520,6 +8660,8 @@ def serve(settings):
     log.info('marketplace %s serving on http://%s:%s (database %s, %s)',
              __version__, settings.host, server.server_port, settings.db, payments)
     server.serve_forever(stop_timeout=settings.shutdown_timeout)
+    if metrics_server is not None:
+        metrics_server.stop(timeout=1)
     sweeper.kill()
     fan_out.kill()
     deliverer.kill()
@@ -8536,7 +8678,7 @@ def setting_secrets(settings):
     """What logs must never show of the settings: keys, webhook secrets, the paths and queries of the RPC and
     facilitator URLs (a provider's key is often there), the replica URL's user info and the AWS secret variables."""
     keys = [settings.escrow_key, settings.escrow_key.removeprefix('0x'), settings.admin_key,
-            settings.stripe_secret_key, settings.stripe_webhook_secret]
+            settings.stripe_secret_key, settings.stripe_webhook_secret, settings.api_key]
     return ([key for key in keys if key] + url_secrets(settings.rpc_url) + url_secrets(settings.facilitator_url)
             + replication.secrets(settings.replica_url))
 
@@ -8589,6 +8731,8 @@ def main(argv=None):
                                     help="restore --db (a new path) from Litestream's --replica-url, then check it")
     restoring.add_argument('--timestamp', help='the moment to restore, ISO 8601 (default: the latest)')
     commands.add_parser('sweep', parents=[common], help='run the expire and auto-verify sweeps once (for cron)')
+    commands.add_parser('mcp', parents=[common],
+                        help='a Model Context Protocol server on stdio for agents, over the API at --url')
     keys = commands.add_parser('keys', help='manage API keys').add_subparsers(dest='keys_command', required=True)
     create = keys.add_parser('create', parents=[common], help='create an account and print its key')
     create.add_argument('--name', required=True)
@@ -8607,6 +8751,10 @@ def main(argv=None):
         for handler in logging.getLogger().handlers:
             handler.setFormatter(JsonLogFormatter())
     hide_secrets_in_logs(settings)
+    if args.command == 'mcp':
+        import mcp_server   # the only user of the mcp SDK, never under gevent
+        mcp_server.run(settings.url, settings.api_key, settings.mcp_timeout)
+        return 0
     if args.command == 'serve' and settings.replica_url and not os.environ.get(replication.UNDER_LITESTREAM):
         try:        # becomes litestream, which runs this same command as its child (marked UNDER_LITESTREAM)
             replication.exec_replicated(settings.db, settings.replica_url, settings.replica_endpoint,

@@ -5,6 +5,12 @@
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{{title}} · Job Marketplace</title>
 <link rel="stylesheet" href="/static/style.css">
+% for sheet in get('stylesheets', ()):
+<link rel="stylesheet" href="{{sheet}}">
+% end
+% for script in get('scripts', ()):
+<script src="{{script}}" defer></script>
+% end
 % if get('refresh'):
 <meta http-equiv="refresh" content="0; url={{refresh}}">
 % end
@@ -15,7 +21,7 @@
 <body>
 <header class="top">
   <a class="brand" href="/">Job Marketplace</a>
-  <nav><a href="/">Jobs</a> <a href="/agents">Agents</a> <a href="/arbitrators">Arbitrators</a> <a href="/api/openapi.json">API</a></nav>
+  <nav><a href="/">Jobs</a> <a href="/agents">Agents</a> <a href="/arbitrators">Arbitrators</a> <a href="/api/docs">API</a></nav>
   <nav class="account" aria-label="Your account">
 % if get('viewer'):
     <a href="/my/jobs">My jobs</a> <a href="/jobs/new">Post a job</a>

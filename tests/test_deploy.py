@@ -333,7 +333,7 @@ def test_json_logs_line_by_line(tmp_path):
     seen = {rid: (requests_by_id[rid]['method'], requests_by_id[rid]['route'], requests_by_id[rid]['status'])
             for rid in ['sign-up:1', *ids[:5]]}
     assert seen == {'sign-up:1': ('POST', '/api/accounts', 201), 'search.2': ('GET', '/api/jobs/search', 200),
-                    'missing-3': ('GET', '(none)', 404), 'stranger-4': ('POST', '/api/jobs', 401),
+                    'missing-3': ('GET', '(unmatched)', 404), 'stranger-4': ('POST', '/api/jobs', 401),
                     ids[3]: ('GET', '/api/health', 200), ids[4]: ('GET', '/api/health', 200)}
     others = [line for line in lines if 'request_id' not in line]
     assert others[0]['message'].startswith('marketplace 2.0.0 serving on http://127.0.0.1:')
@@ -371,8 +371,8 @@ def test_refusals_of_the_http_layer_carry_a_request_id(tmp_path):
         [too_long] = access_lines(output, long_id)
     finally:
         stop(server)
-    assert (framing['method'], framing['route'], framing['status']) == ('POST', '(none)', 400)
-    assert (too_long['method'], too_long['route'], too_long['status']) == ('GET', '(none)', 414)
+    assert (framing['method'], framing['route'], framing['status']) == ('POST', '(unmatched)', 400)
+    assert (too_long['method'], too_long['route'], too_long['status']) == ('GET', '(unmatched)', 414)
 
 
 @pytest.mark.parametrize('method, path, status', [

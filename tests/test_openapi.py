@@ -276,6 +276,11 @@ def test_a_whole_marketplace_answers_as_documented(client, check, receiver):
     check(client.get('/arbitrators'), 'GET', '/arbitrators', 200)
     check(client.get('/static/style.css'), 'GET', '/static/style.css', 200)
     check(client.get('/static/board.js'), 'GET', '/static/board.js', 200)
+    check(client.get('/api/docs'), 'GET', '/api/docs', 200)
+    for path in ('/static/api-docs.js', '/static/swagger-ui/swagger-ui-bundle.js', '/static/swagger-ui/swagger-ui.css'):
+        check(client.get(path), 'GET', path, 200)
+    check(client.get('/metrics', key=ADMIN_KEY), 'GET', '/metrics', 200)
+    check(client.get('/metrics', key=requester_key), 'GET', '/metrics', 403)
     answer = check(client.get('/api/x402'), 'GET', '/api/x402', 200)
     assert answer.json == {'x402Version': 1, 'enabled': False, 'endpoints': []}
     answer = check(client.post('/api/x402', headers={'X-PAYMENT': 'e30='}), 'POST', '/api/x402', 404)

@@ -1027,12 +1027,31 @@ def test_every_page_has_one_h1_its_title_the_viewport_and_the_stylesheet(market,
         page = get_page(client, path)
         assert_frame(page, title)
         nav = [a.attrs['href'] for a in page.find('header', 'top').find_all('a')]
-        assert nav == ['/', '/', '/agents', '/arbitrators', '/api/openapi.json', '/signin', '/signin#signup'], path
+        assert nav == ['/', '/', '/agents', '/arbitrators', '/api/docs', '/signin', '/signin#signup'], path
     for path, status, title in (('/?min_pay=x', 400, '400 Bad Request'),
                                 (f'/jobs/{UNKNOWN_ID}', 404, '404 Not Found'),
                                 ('/agents/1', 400, '400 Bad Request'),
                                 (f'/disputes/{UNKNOWN_ID}', 404, '404 Not Found')):
         assert_frame(get_page(client, path, status=status), title)
+
+
+def test_the_api_page_loads_swagger_ui_from_this_server_and_runs_no_inline_script(client):
+    page = get_page(client, '/api/docs')
+    assert page.find('title').text() == 'API · Job Marketplace'
+    assert page.find('h1').text() == 'API'
+    assert [link.attrs['href'] for link in page.find_all('link', rel='stylesheet')] == [
+        '/static/style.css', '/static/swagger-ui/swagger-ui.css']
+    assert [(script.attrs.get('src'), script.text()) for script in page.find_all('script')] == [
+        ('/static/swagger-ui/swagger-ui-bundle.js', ''), ('/static/api-docs.js', '')]
+    assert page.find('div', id='swagger-ui').children == []
+    assert header(page, 'Content-Security-Policy') == mp.PAGE_CSP
+    for path, media, start in (('/static/swagger-ui/swagger-ui-bundle.js', 'text/javascript', b'/*! For license'),
+                               ('/static/swagger-ui/swagger-ui.css', 'text/css', b'.swagger-ui'),
+                               ('/static/api-docs.js', 'text/javascript', b'// The API page')):
+        answer = client.get(path)
+        assert (answer.status, header(answer, 'Content-Type'), header(answer, 'Cache-Control')) == (
+            200, f'{media}; charset=utf-8', 'public, max-age=3600')
+        assert answer.body.startswith(start), answer.body[:40]
 
 
 def test_agents_page_with_null_capability_lists(client):

@@ -515,3 +515,62 @@ def test_a_job_page_fits_a_phone(server, phone, requester_key):
     # Found by this test (fixed): an acceptance criterion did not wrap a long word, so a pytest node id widened
     # the page to nearly twice the phone's width.
     assert scroll_width(phone) <= PHONE['width']
+
+
+# The API docs ----------------------------------------------------------------
+
+def documented_operations(server):
+    """(METHOD, path) of every operation of the OpenAPI document, once per tag (Swagger UI lists it under each)."""
+    document = api(server, '/api/openapi.json')
+    return sorted((method.upper(), path) for path, item in document['paths'].items()
+                  for method, operation in item.items() for _ in operation['tags'])
+
+
+def try_out(page, method, path):
+    """Expand an operation, press Try it out and Execute; the response body Swagger UI shows, and its status."""
+    block = page.locator(f'.opblock-{method}:has(.opblock-summary-path[data-path="{path}"])')
+    block.locator('.opblock-summary-control').click()
+    block.locator('button.try-out__btn').click()
+    block.locator('button.execute').click()
+    answer = block.locator('.live-responses-table tbody .response')
+    answer.locator('.response-col_status').wait_for()
+    return (int(answer.locator('.response-col_status').inner_text().strip()),
+            answer.locator('.response-col_description pre').first.inner_text())
+
+
+def test_api_docs_list_every_operation_and_try_them_on_this_server(server, desktop):
+    """/api/docs (Swagger UI served by the service): every operation of the document is on the page; a try-it-out
+    of GET /api/jobs shows the list the API gives, and one of GET /metrics sends the key given in Authorize; every
+    request of the page goes to the server itself, and the pages' CSP refuses nothing."""
+    page, requests_made, console = desktop.page, [], []
+    page.on('request', lambda sent: requests_made.append(sent))
+    page.on('console', lambda message: console.append(f'{message.type}: {message.text}'))
+    desktop.open(server, '/api/docs')
+    expected = documented_operations(server)
+    page.wait_for_function(f'document.querySelectorAll(".opblock").length >= {len(expected)}')
+    listed = page.eval_on_selector_all('.opblock', '''blocks => blocks.map(block => [
+        block.querySelector('.opblock-summary-method').textContent,
+        block.querySelector('.opblock-summary-path').getAttribute('data-path')])''')
+    assert sorted(map(tuple, listed)) == expected
+    assert ('GET', '/api/jobs') in expected and ('GET', '/metrics') in expected
+    screenshot(page, 'api-docs')
+
+    status, shown = try_out(page, 'get', '/api/jobs')
+    assert status == 200
+    assert json.loads(shown) == api(server, '/api/jobs')
+    assert [sent.url for sent in requests_made if '/api/jobs' in sent.url] == [    # the defaults filled in
+        server.url + '/api/jobs?sort=newest&limit=50&offset=0']
+
+    page.locator('.auth-wrapper button.authorize').click()
+    page.locator('.modal-ux input').fill(ADMIN_KEY)
+    page.locator('.modal-ux .auth-btn-wrapper button.authorize').click()
+    page.locator('.modal-ux button.btn-done').click()
+    status, shown = try_out(page, 'get', '/metrics')
+    assert status == 200
+    assert 'marketplace_http_requests_total{method="GET",route="/api/jobs",status="200"}' in shown
+    scrape = next(sent for sent in requests_made if sent.url == server.url + '/metrics')
+    assert scrape.headers['authorization'] == f'Bearer {ADMIN_KEY}'
+
+    assert [sent.url for sent in requests_made if not sent.url.startswith(server.url + '/')] == []
+    assert [line for line in console if 'Content Security Policy' in line or 'Refused' in line] == []
+    assert desktop.errors == []

@@ -1,0 +1,95 @@
+"""Prometheus metrics of the service: the only module that imports prometheus_client.
+
+Each Service has its own Metrics (its own CollectorRegistry, not the global one), so that tests building many apps
+in one process do not collide. Requests are counted as they are answered; the state of the service (streams,
+webhook outbox, pending payments, sweeps, the chain, the database file) is read when Prometheus scrapes, from a
+snapshot the app gives (`read_state`), so that nothing here knows SQL or the app's objects.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+from prometheus_client import (CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Histogram, disable_created_metrics,
+                               generate_latest)
+from prometheus_client.core import GaugeMetricFamily
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the text format every Prometheus reads (2.x and 3.x)
+UNMATCHED = '(unmatched)'               # the route label of a request that matched no route (404, 405)
+METHODS = frozenset(('GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'))
+disable_created_metrics()       # no *_created series: they double the output and say nothing a scraper needs
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass
+class State:
+    """What the service is doing, read at scrape time; None where it does not apply (no sweep yet, no chain)."""
+
+    open_streams: int = 0
+    webhook_deliveries: dict = field(default_factory=dict)      # status -> count ('pending', 'failed')
+    payments_pending: dict = field(default_factory=dict)        # (rail, kind) -> count, kind 'payout' or 'refund'
+    last_sweep_at: float = None         # unix time the last automatic sweep ended
+    last_sweep_seconds: float = None    # how long it took
+    chain_reachable: bool = None        # onchain mode only
+    database_bytes: int = 0             # the database file and its WAL
+
+
+class StateCollector:
+    """Gauges of the service's state, built from read_state() at each scrape."""
+
+    def __init__(self, read_state):
+        self.read_state = read_state
+
+    def collect(self):
+        state = self.read_state()
+        yield GaugeMetricFamily('marketplace_open_streams', 'Open /api/jobs/stream connections.',
+                                value=state.open_streams)
+        deliveries = GaugeMetricFamily('marketplace_webhook_deliveries',
+                                       'Webhook deliveries waiting for an attempt (pending) or given up (failed).',
+                                       labels=['status'])
+        for status, count in sorted(state.webhook_deliveries.items()):
+            deliveries.add_metric([status], count)
+        yield deliveries
+        payments = GaugeMetricFamily('marketplace_payments_pending',
+                                     'Payouts to workers and refunds to requesters sent but not yet confirmed, '
+                                     'by rail.', labels=['rail', 'kind'])
+        for (rail, kind), count in sorted(state.payments_pending.items()):
+            payments.add_metric([rail, kind], count)
+        yield payments
+        if state.last_sweep_at is not None:
+            yield GaugeMetricFamily('marketplace_last_sweep_timestamp_seconds',
+                                    'Unix time the last automatic sweep (expiry, auto-verify, payouts) ended.',
+                                    value=state.last_sweep_at)
+            yield GaugeMetricFamily('marketplace_last_sweep_duration_seconds', 'How long the last sweep took.',
+                                    value=state.last_sweep_seconds)
+        if state.chain_reachable is not None:
+            yield GaugeMetricFamily('marketplace_chain_reachable',
+                                    '1 if the chain node answered its last check (at most 2 s old), else 0.',
+                                    value=int(state.chain_reachable))
+        yield GaugeMetricFamily('marketplace_database_bytes', 'Size of the SQLite database file and its WAL.',
+                                value=state.database_bytes)
+
+
+class Metrics:
+    """One service's series: requests counted by count_request, state gauges read at each scrape."""
+
+    def __init__(self, read_state):
+        self.registry = CollectorRegistry()   # its own: never the process-wide default
+        self.requests = Counter('marketplace_http_requests', 'HTTP answers by method, route template and status.',
+                                ['method', 'route', 'status'], registry=self.registry)
+        self.durations = Histogram('marketplace_http_request_duration_seconds',
+                                   'Seconds from a request to its answer\'s headers (a stream: its first event), '
+                                   'by method and route template.', ['method', 'route'],
+                                   buckets=DURATION_BUCKETS, registry=self.registry)
+        self.registry.register(StateCollector(read_state))
+
+    def count_request(self, method, route, status, started):
+        """Count one answer: `route` is the route template (None: no route matched), `started` its
+        time.perf_counter() at arrival."""
+        method = method if method in METHODS else 'other'
+        route = route or UNMATCHED
+        self.requests.labels(method, route, str(status)).inc()
+        self.durations.labels(method, route).observe(time.perf_counter() - started)
+
+    def scrape(self):
+        """The text exposition of every series."""
+        return generate_latest(self.registry)
