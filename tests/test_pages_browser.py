@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from datetime import datetime, timedelta, timezone
 from urllib.parse import parse_qs, urlparse
 
@@ -117,7 +118,7 @@ class Tab:
     def open_board(self, server, path='/'):
         """Open a board and wait until its live stream is subscribed."""
         self.open(server, path)
-        self.page.wait_for_function('window.__streamEvents.length > 0', timeout=5000)
+        wait_until(self.page, 'window.__streamEvents.length > 0', timeout_ms=5000)
 
     def rows(self):
         """The board's rows, top first: [{id, title, href, category, pay, deadline, datetime}]."""
@@ -160,6 +161,15 @@ def no_js(browser):
 def requester_key(server):
     """A fresh requester's API key."""
     return new_account(server, 'board-requester')[1]
+
+
+def wait_until(page, expression, timeout_ms=10_000):
+    """Evaluate `expression` in the page until it is true. Not wait_for_function: its polling builds the predicate
+    with eval, which the pages' CSP refuses, so it failed whenever the first check came too early."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f'not true within {timeout_ms} ms: {expression}'
+        page.wait_for_timeout(50)
 
 
 def screenshot(page, name):
@@ -547,7 +557,7 @@ def test_api_docs_list_every_operation_and_try_them_on_this_server(server, deskt
     page.on('console', lambda message: console.append(f'{message.type}: {message.text}'))
     desktop.open(server, '/api/docs')
     expected = documented_operations(server)
-    page.wait_for_function(f'document.querySelectorAll(".opblock").length >= {len(expected)}')
+    wait_until(page, f'document.querySelectorAll(".opblock").length >= {len(expected)}')
     listed = page.eval_on_selector_all('.opblock', '''blocks => blocks.map(block => [
         block.querySelector('.opblock-summary-method').textContent,
         block.querySelector('.opblock-summary-path').getAttribute('data-path')])''')
