@@ -8613,6 +8613,17 @@ def metrics_app(svc):
     return answer
 
 
+def listen(server, host, port, before=None):
+    """Start a gevent server; a port that cannot be had (in use, not allowed) is a ValueError naming it, after
+    stopping the listener started `before` it."""
+    try:
+        server.start()
+    except OSError as exc:
+        if before is not None:
+            before.stop(timeout=0)
+        raise ValueError(f'cannot listen on {host}:{port}: {exc.strerror or exc}') from None
+
+
 def serve(settings):
     """Serve until SIGTERM or SIGINT, then finish requests in flight and return (exit 0)."""
     import gevent
@@ -8638,13 +8649,13 @@ def serve(settings):
     gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)
     if os.environ.get(replication.UNDER_LITESTREAM):
         gevent.spawn(stop_without_litestream)
-    server.start()
+    listen(server, settings.host, settings.port)
     metrics_server = None
     if settings.metrics_port:      # a second listener, without keys: scrapes do not count as requests
         from gevent.pywsgi import WSGIServer
         metrics_server = WSGIServer((settings.metrics_host, settings.metrics_port), metrics_app(app.service),
                                     log=None, error_log=logging.getLogger('marketplace.server'))
-        metrics_server.start()
+        listen(metrics_server, settings.metrics_host, settings.metrics_port, before=server)
         log.info('metrics without a key on http://%s:%s/metrics', settings.metrics_host, settings.metrics_port)
     sweeper = gevent.spawn(sweep_forever, app.service)
     fan_out = gevent.spawn(fan_out_forever, app.service)

@@ -4,6 +4,8 @@ stream is counted while it is held; admin keys only on the main port, no key on 
 serves nothing else. The gauges read from the database, in-process."""
 
 import os
+import subprocess
+import sys
 import time
 import uuid
 
@@ -202,3 +204,14 @@ def test_apps_in_one_process_count_apart(client, tmp_path):
         assert ('GET', '/api/stats', '200') not in theirs
     finally:
         other.service.close()
+
+
+def test_a_metrics_port_that_cannot_be_had_stops_the_start_with_one_line(tmp_path):
+    """--metrics-port on a port already taken (here the main one): serve exits 2 naming it, no traceback."""
+    port = free_port()
+    started = subprocess.run([sys.executable, str(mp.HERE / 'marketplace.py'), 'serve', '--db', str(tmp_path / 'm.db'),
+                              '--port', str(port), '--metrics-port', str(port)],
+                             capture_output=True, text=True, timeout=60)
+    assert started.returncode == 2
+    assert f'cannot listen on 127.0.0.1:{port}: Address already in use' in started.stderr
+    assert 'Traceback' not in started.stderr
