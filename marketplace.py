@@ -54,7 +54,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import ROUND_DOWN, Decimal, InvalidOperation
 from email.utils import format_datetime
 from pathlib import Path
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 from xml.etree.ElementTree import Element, SubElement, tostring
 
 import apsw
@@ -309,7 +309,15 @@ SETTINGS = [
     Setting('replica_url', '', str,
             'stream the database to file:///dir or s3://bucket/path with Litestream (every second); '
             'credentials from AWS_*'),
-    Setting('replica_endpoint', '', str, 'the endpoint of an S3-compatible store for --replica-url (http(s)://host)'),
+    Setting('replica_endpoint', '', str,
+            'the endpoint of an S3-compatible store for --replica-url or --read-replica-of (http(s)://host)'),
+    Setting('heartbeat_interval', 5.0, parse_positive(float),
+            'with --replica-url: seconds between the heartbeats by which read replicas measure their lag'),
+    Setting('read_replica_of', '', str,
+            'serve reads only, from the Litestream replica at file:///dir or s3://bucket/path (another server\'s '
+            '--replica-url); credentials from AWS_*'),
+    Setting('primary_url', '', str,
+            'on a read replica: the primary, where writes are sent with 307 (unset: they are 503 read_only)'),
     Setting('url', 'http://127.0.0.1:8080', str, 'mcp: the API the MCP server calls (local or remote)'),
     Setting('api_key', '', str, 'mcp: the API key the MCP server acts with; best given as the env var'),
     Setting('mcp_timeout', 30.0, parse_positive(float), 'mcp: seconds one API call of the MCP server may take'),
@@ -484,6 +492,12 @@ class Unavailable(APIError):
     code = 'unavailable'
 
 
+class ReadOnlyReplica(APIError):
+    status = 503
+    code = 'read_only'
+    message = 'This server is a read replica: it serves reads only; send writes to the primary.'
+
+
 # A payment that does not check out is 402, except these (CONTRACT.md 7).
 PAYMENT_STATUSES = {'payment_invalid': 400, 'payment_replayed': 409, 'chain_unavailable': 503}
 
@@ -604,6 +618,8 @@ class Database:
     handler may wait on the node) holds the writer lock meanwhile: other greenlets' transactions wait for
     it, though their plain reads may see its writes before they commit.
     """
+
+    read_only = False       # a ReplicaDatabase is
 
     def __init__(self, path, replicated=False):
         self.path = str(path)
@@ -760,6 +776,31 @@ class Database:
 
     def close(self):
         self.conn.close()
+
+
+class ReplicaDatabase(Database):
+    """The primary's database read in place from its Litestream replica (--read-replica-of), through the
+    litestream-vfs extension (replication.open_read_replica): read-only, a few seconds behind. Nothing here writes;
+    a transaction is refused with 503 read_only (a write that reached a replica's code is a bug, never a change)."""
+
+    read_only = True
+
+    def __init__(self, url):
+        self.path = replication.public_url(url)
+        self.conn = replication.open_read_replica(url)
+        self.conn.set_busy_timeout(5000)
+        self.conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
+        self.conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+        self.conn.create_scalar_function('unicode_lower', lambda text: text.lower() if isinstance(text, str) else text,
+                                         1, deterministic=True)
+        self._depth = 0
+        self._writer = threading.RLock()
+        self._held = threading.local()
+
+    @contextmanager
+    def transaction(self):
+        raise ReadOnlyReplica()
+        yield self      # a generator, as Database.transaction is
 
 
 ###############################################################################
@@ -3839,6 +3880,75 @@ def job_stream(svc, stream_filter, after_seq=None, since=None):
 
 
 ###############################################################################
+# Read replicas ###############################################################
+###############################################################################
+
+# A primary replicated by Litestream (--replica-url) writes a heartbeat, the time in unix milliseconds, every
+# --heartbeat-interval seconds; a read replica (--read-replica-of) is as far behind as the newest heartbeat it
+# can see is old (the two machines' clocks agree, through NTP). The heartbeat is a row of chain_state, the table
+# of small counters, so no schema change: name 'heartbeat_ms'.
+REPLICA_POLL_SECONDS = 0.5      # how often a replica looks for new jobs for its streams (the extension: every 1 s)
+
+
+def write_heartbeat(db, moment=None):
+    """Store the time (unix seconds, default now) as the primary's heartbeat, in one transaction."""
+    moment = time.time() if moment is None else moment
+    with db.transaction():
+        db.execute('''INSERT INTO chain_state (name, value) VALUES ('heartbeat_ms', :ms)
+                      ON CONFLICT (name) DO UPDATE SET value = :ms''', {'ms': int(moment * 1000)})
+
+
+def replica_lag(db):
+    """Seconds since the primary's newest heartbeat this database holds, to a tenth (None before the first)."""
+    beat = db.value("SELECT value FROM chain_state WHERE name = 'heartbeat_ms'")
+    return None if beat is None else round(max(0.0, time.time() - beat / 1000), 1)
+
+
+def publish_replicated_jobs(db, hub, after_seq, waiting):
+    """Offer the streams of a replica the jobs the primary made after `after_seq` that are open now, and those of
+    `waiting` (seen pending_payment) that have opened since; the new (after_seq, waiting)."""
+    rows = db.rows(f'{JOB_SELECT} WHERE j.seq > :seq ORDER BY j.seq LIMIT 1000', {'seq': after_seq})
+    if waiting:
+        rows += db.rows(f"""{JOB_SELECT} WHERE j.id IN (SELECT value FROM json_each(:ids))
+                            AND j.status != 'pending_payment' ORDER BY j.seq""", {'ids': json.dumps(sorted(waiting))})
+    waiting = set(waiting)
+    for job in {row['id']: row for row in rows}.values():      # a job made and opened since the last look: once
+        after_seq = max(after_seq, job['seq'])
+        if job['status'] == 'pending_payment':
+            waiting.add(job['id'])
+            continue
+        waiting.discard(job['id'])
+        if job['status'] == 'open':
+            hub.publish(job)
+    return after_seq, waiting
+
+
+def replicated_jobs_forever(service):
+    """On a read replica: every REPLICA_POLL_SECONDS, offer the jobs the primary opened to this server's streams
+    (a stream here sees a job within a few seconds of its commit on the primary)."""
+    import gevent
+    db = service.db
+    after_seq, waiting = db.value('SELECT coalesce(max(seq), 0) FROM jobs'), set()
+    while True:
+        gevent.sleep(REPLICA_POLL_SECONDS)
+        try:
+            after_seq, waiting = publish_replicated_jobs(db, service.hub, after_seq, waiting)
+        except apsw.Error:
+            log.exception('reading new jobs from the replica failed; trying again')
+
+
+def heartbeat_forever(service):
+    """On a primary replicated by Litestream: write the heartbeat every --heartbeat-interval seconds."""
+    import gevent
+    while True:
+        try:
+            write_heartbeat(service.db)
+        except apsw.Error:
+            log.exception('the replication heartbeat failed; trying again')
+        gevent.sleep(service.settings.heartbeat_interval)
+
+
+###############################################################################
 # Webhook delivery ############################################################
 ###############################################################################
 
@@ -4728,7 +4838,11 @@ def health():
               'rails': {'base': 'onchain' if svc.settings.onchain else 'simulated',
                         'stripe': 'stripe' if svc.stripe else 'simulated'},
               'replication': {'enabled': bool(svc.settings.replica_url),
-                              'url': replication.public_url(svc.settings.replica_url)}}
+                              'url': replication.public_url(svc.settings.replica_url)},
+              'role': 'replica' if svc.replica else 'primary'}
+    if svc.replica and connected:
+        health['replicaOf'] = svc.db.path
+        health['lag'] = replica_lag(svc.db)
     if svc.settings.onchain:
         health['chain'] = svc.settings.onchain.health()
     if not connected:
@@ -6210,7 +6324,7 @@ def live_session(db, settings, token):
     if row is None or not hmac.compare_digest(row['id_hash'], digest) or row['expires_at'] <= iso(moment) or \
             row['seen_at'] <= iso(moment - timedelta(hours=settings.session_idle_hours)):
         return None
-    if row['seen_at'] <= iso(moment - SESSION_TOUCH):
+    if row['seen_at'] <= iso(moment - SESSION_TOUCH) and not db.read_only:     # a replica's reads do not count
         with db.transaction():
             db.execute('UPDATE sessions SET seen_at = :now WHERE id_hash = :h', {'now': iso(moment), 'h': digest})
     return {name: row[name] for name in ('id', 'name', 'role', 'x402_exempt')}
@@ -7821,6 +7935,14 @@ def send_error(error):
     return json_bytes(error.body())
 
 
+def check_replica_schema(db):
+    """Refuse to serve a replica whose schema is not this program's (the primary runs another version)."""
+    version = db.value('PRAGMA user_version')
+    if version != SCHEMA_VERSION:
+        raise ValueError(f'the replica {db.path} has schema version {version}, this program {SCHEMA_VERSION}: '
+                         'run the same version as the primary')
+
+
 class Service:
     """What the handlers share: settings, the database and the rate limiter."""
 
@@ -7831,10 +7953,18 @@ class Service:
             raise ValueError(X402_NEEDS_PAY_TO)
         if stripe_mode(settings) and not settings.stripe_webhook_secret:
             raise ValueError(STRIPE_NEEDS_WEBHOOK_SECRET)
+        if settings.read_replica_of and settings.replica_url:
+            raise ValueError('a read replica (--read-replica-of) has no database of its own to replicate '
+                             '(--replica-url)')
         self.settings = settings
-        self.db = Database(settings.db, replicated=bool(settings.replica_url))
-        self.db.migrate()
-        if settings.admin_key:
+        self.replica = bool(settings.read_replica_of)   # reads only, from the primary's replica (ReplicaDatabase)
+        if self.replica:
+            self.db = ReplicaDatabase(settings.read_replica_of)
+            check_replica_schema(self.db)
+        else:
+            self.db = Database(settings.db, replicated=bool(settings.replica_url))
+            self.db.migrate()
+        if settings.admin_key and not self.replica:     # a replica knows the keys the primary stored
             ensure_admin_key(self.db, settings.admin_key)
         self.limiter = RateLimiter(settings.rate_limit_scale)
         self.hub = StreamHub(settings.base_url, self.db)
@@ -7848,7 +7978,8 @@ class Service:
         try:
             if settings.rpc_url:
                 settings.onchain = OnChain(settings)
-                settings.onchain.start(self.db)
+                if not self.replica:        # start learns the nonce and stores it: the primary's to do
+                    settings.onchain.start(self.db)
             self.x402 = X402(settings) if settings.x402_price else None     # pay per call: needs the chain
             self.stripe = settings.stripe = open_stripe_rail(settings)          # None: the stripe rail is simulated
         except BaseException:
@@ -7938,10 +8069,42 @@ def close_unread_body():
         response.set_header('Connection', 'close')
 
 
+READ_METHODS = ('GET', 'HEAD')
+
+
+def priced_call(app):
+    """Is this request a call priced for x402 (whose payment is money, taken by a write)?"""
+    if app.service.x402 is None:
+        return False
+    try:
+        route, _ = app.router.match(request.environ)
+    except bottle.HTTPError:
+        return False
+    return ('GET', route.rule) in app.service.x402.prices
+
+
+def send_writes_to_primary(app):
+    """On a read replica, before any route: a write (every method but GET and HEAD, and a call priced for x402)
+    is sent to the same path and query on --primary-url with 307 (the client keeps the method and the body), or
+    refused with 503 read_only without it. A replica never answers a write itself."""
+    if request.method in READ_METHODS and not priced_call(app):
+        return
+    primary = app.service.settings.primary_url
+    if not primary:
+        error = ReadOnlyReplica()
+        raise bottle.HTTPResponse(json_bytes(error.body()), error.status, {'Content-Type': JSON_TYPE})
+    path = quote(request.environ['PATH_INFO'].encode('latin-1'), safe="/:@!$&'()*+,;=-._~")
+    location = primary.rstrip('/') + path + ('?' + request.query_string if request.query_string else '')
+    raise bottle.HTTPResponse(json_bytes({'primary': location}), 307,
+                              {'Location': location, 'Content-Type': JSON_TYPE})
+
+
 def make_app(settings):
     """The WSGI app for these settings: routes, JSON errors and rate limits; no side effect on import."""
     app = bottle.Bottle(catchall=True)
     app.service = Service(settings)
+    if app.service.replica:
+        app.add_hook('before_request', functools.partial(send_writes_to_primary, app))
     static_methods = {}
     for method, path, _, _ in ROUTES:
         if '<' not in path:
@@ -8650,6 +8813,9 @@ def serve(settings):
     if os.environ.get(replication.UNDER_LITESTREAM):
         gevent.spawn(stop_without_litestream)
     listen(server, settings.host, settings.port)
+    if app.service.replica:
+        serve_replica(app, server, settings)
+        return
     metrics_server = None
     if settings.metrics_port:      # a second listener, without keys: scrapes do not count as requests
         from gevent.pywsgi import WSGIServer
@@ -8661,6 +8827,7 @@ def serve(settings):
     fan_out = gevent.spawn(fan_out_forever, app.service)
     webhooks = WebhookWorker(app.service)
     deliverer = gevent.spawn(webhooks.run)
+    heartbeat = gevent.spawn(heartbeat_forever, app.service) if settings.replica_url else None
     payments = (f'payments onchain, chain {settings.chain_id}, escrow {settings.onchain.escrow_address}'
                 if settings.onchain else 'payments simulated')
     if app.service.x402:
@@ -8676,7 +8843,31 @@ def serve(settings):
     sweeper.kill()
     fan_out.kill()
     deliverer.kill()
+    if heartbeat is not None:
+        heartbeat.kill()
     webhooks.stop()
+    app.service.close()
+    log.info('stopped')
+
+
+def serve_replica(app, server, settings):
+    """Serve a read replica (listening already) until SIGTERM: reads, and streams fed from the replica; no sweep,
+    no webhook, no payout, no metrics listener of its own database's work (the primary does all of that)."""
+    import gevent
+    metrics_server = None
+    if settings.metrics_port:
+        from gevent.pywsgi import WSGIServer
+        metrics_server = WSGIServer((settings.metrics_host, settings.metrics_port), metrics_app(app.service),
+                                    log=None, error_log=logging.getLogger('marketplace.server'))
+        listen(metrics_server, settings.metrics_host, settings.metrics_port, before=server)
+    jobs = gevent.spawn(replicated_jobs_forever, app.service)
+    writes = f'writes sent to {settings.primary_url}' if settings.primary_url else 'writes refused (no --primary-url)'
+    log.info('marketplace %s serving on http://%s:%s as a read replica of %s (%s)',
+             __version__, settings.host, server.server_port, app.service.db.path, writes)
+    server.serve_forever(stop_timeout=settings.shutdown_timeout)
+    if metrics_server is not None:
+        metrics_server.stop(timeout=1)
+    jobs.kill()
     app.service.close()
     log.info('stopped')
 
@@ -8773,11 +8964,21 @@ def main(argv=None):
         except replication.ReplicationError as exc:
             print(f'marketplace.py serve: {exc}', file=sys.stderr)
             return 1
+    if args.command == 'serve' and settings.read_replica_of:
+        try:        # the extension reads its settings from the environment this process starts with
+            replication.exec_with_vfs_environment(settings.read_replica_of, settings.replica_endpoint,
+                                                  [sys.executable, str(HERE / 'marketplace.py'), *argv])
+        except replication.ReplicationError as exc:
+            print(f'marketplace.py serve: {exc}', file=sys.stderr)
+            return 1
     if args.command == 'serve':
         try:
             serve(settings)
         except ValueError as exc:
             parser.error(str(exc))
+        except replication.ReplicationError as exc:
+            print(f'marketplace.py serve: {exc}', file=sys.stderr)
+            return 1
         return 0
     if args.command == 'sweep':
         try:

@@ -5,6 +5,9 @@ to a directory (file:///path) or an S3 bucket (s3://bucket/path, --replica-endpo
 every second; `marketplace.py restore` brings a database back from it. The configuration is generated (JSON,
 which YAML reads) and holds no credentials: Litestream reads them from the AWS_* environment. Every failure
 becomes one ReplicationError with a one-line message that shows no secret.
+
+`marketplace.py serve --read-replica-of URL` reads that same replica in place, read-only, through Litestream's
+SQLite extension (the litestream-vfs package, which only this module loads): a read replica of the primary.
 """
 
 import json
@@ -23,6 +26,9 @@ MONITOR_INTERVAL = '100ms'  # how often Litestream looks at the WAL (it uploads 
 CHECK_SECONDS = 10.0        # how long a start waits for the replica to answer before saying it cannot be reached
 RESTORE_SECONDS = 600.0     # how long a restore may take
 UNDER_LITESTREAM = 'MARKETPLACE_UNDER_LITESTREAM'     # litestream's pid, in the environment of the server it runs
+VFS_POLL_SECONDS = 1.0      # how often the extension looks for the primary's new LTX files (its default; fixed)
+VFS_NAME = 'marketplace.db'     # the name the extension gives the replica's database (for its own logs only)
+UNDER_VFS = 'MARKETPLACE_UNDER_VFS'     # set in a read replica re-run with the extension's environment
 SCHEMES = ('file', 's3')
 
 
@@ -221,3 +227,56 @@ def restore(db_path, url, endpoint='', timestamp=None):
     if done.returncode != 0 or not target.exists():
         raise ReplicationError(f'the restore from {public_url(url)} failed: '
                                f'{last_line(done.stderr + done.stdout, secrets(url))}')
+
+
+def vfs_environment(url, endpoint='', environ=None):
+    """The environment the read-replica extension reads: LITESTREAM_REPLICA_URL (the replica without user info, the
+    endpoint as its query, path-style) and the AWS_* credentials as for litestream itself."""
+    env = litestream_environment(url, endpoint, environ)
+    replica = public_url(url)
+    if endpoint:
+        replica += f'?endpoint={endpoint.rstrip("/")}&forcePathStyle=true'
+    env['LITESTREAM_REPLICA_URL'] = replica
+    return env
+
+
+def exec_with_vfs_environment(url, endpoint, server_command):
+    """Re-run server_command (this same serve) in the extension's environment unless this process started in it:
+    the extension (Go) reads the environment the process started with, never what Python sets later."""
+    problem = replica_problem(url, endpoint)
+    if problem:
+        raise ReplicationError(f'--read-replica-of {public_url(url) if "://" in url else url}: {problem}')
+    env = vfs_environment(url, endpoint)
+    if os.environ.get(UNDER_VFS) or env == dict(os.environ):
+        return
+    env[UNDER_VFS] = '1'
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(server_command[0], server_command, env)
+
+
+def open_read_replica(url):
+    """An apsw connection to the replica at `url`, read-only, through Litestream's VFS extension: it reads pages
+    from the replica as queries need them (a small cache in memory) and looks for new LTX files every
+    VFS_POLL_SECONDS. The process must have started in vfs_environment(url). It waits while the replica has no
+    snapshot yet. After this, the process can open no other SQLite database: the extension's automatic hook fails
+    every connection that is not its own (litestream-vfs 0.5.17), so a replica opens this one connection only."""
+    import apsw
+    import litestream_vfs       # only here: litestream-vfs==0.5.17 (requirements.txt)
+    if os.environ.get('LITESTREAM_REPLICA_URL', '').split('?')[0] != public_url(url):
+        raise ReplicationError(f'the process did not start in the environment of {public_url(url)}')
+    loader = apsw.Connection(':memory:')
+    try:
+        loader.enable_load_extension(True)
+        loader.load_extension(litestream_vfs.loadable_path())
+    except apsw.Error as exc:
+        message = str(exc).split('failed to initialize replica client: ')[-1]
+        raise ReplicationError(f'the replica {public_url(url)} cannot be read: '
+                               f'{last_line(message, secrets(url))}') from None
+    finally:
+        loader.close()
+    try:
+        return apsw.Connection(f'file:{VFS_NAME}?vfs=litestream',
+                               flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+    except apsw.Error as exc:
+        raise ReplicationError(f'the replica {public_url(url)} cannot be opened: {exc}') from None
