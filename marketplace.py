@@ -7116,13 +7116,21 @@ API_SCHEMAS = {
             'enabled': {'type': 'boolean'},
             'url': nullable({'type': 'string', 'examples': ['s3://backups/marketplace']}),
         }, description='Litestream streaming the database to --replica-url (without credentials), or off.'),
+        'role': {'type': 'string', 'enum': ['primary', 'replica'],
+                 'description': 'replica: a read replica (--read-replica-of), which sends writes to the primary.'},
+        'replicaOf': {'type': 'string', 'examples': ['s3://backups/marketplace'],
+                      'description': 'Only on a replica: the Litestream replica it reads (without credentials).'},
+        'lag': nullable({'type': 'number', 'minimum': 0, 'examples': [2.4],
+                         'description': 'Only on a replica: seconds since the newest change of the primary it can '
+                                        'see (its heartbeat, written every --heartbeat-interval seconds); null '
+                                        'before the first.'}),
         'error': {'type': 'string', 'description': 'Only on the 503: what is wrong.'},
         'code': {'type': 'string', 'enum': ['unavailable'], 'description': 'Only on the 503.'},
         'chain': closed_object({
             'chainId': {'type': 'integer'}, 'latestBlock': nullable({'type': 'integer'}),
             'escrowAddress': ADDRESS_SCHEMA, 'usdcAddress': ADDRESS_SCHEMA, 'reachable': {'type': 'boolean'},
         }, description='Only in onchain mode: the node, as seen now, and the escrow wallet.'),
-    }, optional=('error', 'code', 'chain')),
+    }, optional=('error', 'code', 'chain', 'replicaOf', 'lag')),
     'Stats': closed_object({
         'totalJobs': COUNT_SCHEMA,
         'totalAgents': COUNT_SCHEMA,

@@ -1,0 +1,245 @@
+"""Read replicas (issue 24): a primary replicated by Litestream to an S3 server (moto, on 127.0.0.1) and two servers
+reading that replica in place through the real litestream-vfs extension. What the primary commits is listed,
+searched and streamed on both within 5 seconds; a write sent to a replica is sent on to the primary (307) or
+refused (503 read_only), never answered by the replica itself; a replica restarted under writes catches up; health
+says each server's role and a replica's lag."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+import requests
+
+from conftest import ROOT, LiveServer, free_port, job_body
+from test_replication import AWS_ENV, s3  # noqa: F401  (s3: the moto server fixture, one for this module)
+from test_server import Output, bearer, stop
+
+import marketplace as mp
+
+pytestmark = pytest.mark.replication
+
+TIMEOUT = 10                # seconds for any one HTTP call: only to avoid hanging, never asserted
+SEEN_WITHIN = 5.0           # the issue's bound: a commit on the primary reaches every replica's reads and streams
+PUBLIC_URL = 'http://market.test'       # every server builds the same absolute URLs
+REPLICA_URL = 's3://backups/cluster/marketplace'
+
+
+def replica_server(directory, name, endpoint, primary_url=None):
+    """A read replica of REPLICA_URL, started (its --db is never used: nothing may create it)."""
+    args = ['--public-url', PUBLIC_URL, '--read-replica-of', REPLICA_URL, '--replica-endpoint', endpoint]
+    server = LiveServer(directory / f'{name}.db', args + (['--primary-url', primary_url] if primary_url else []),
+                        env=AWS_ENV).start()
+    server.out = Output(server)
+    return server
+
+
+@pytest.fixture(scope='module')
+def cluster(s3, tmp_path_factory):  # noqa: F811
+    """(primary, replica that sends writes to it, replica without --primary-url, the directory of their --db)."""
+    directory = tmp_path_factory.mktemp('cluster')
+    primary = LiveServer(directory / 'primary.db', ['--public-url', PUBLIC_URL, '--replica-url', REPLICA_URL,
+                                                     '--replica-endpoint', s3, '--heartbeat-interval', '1'],
+                         env=AWS_ENV).start()
+    primary.out = Output(primary)
+    servers = [primary]
+    try:
+        servers.append(replica_server(directory, 'forwarding', s3, primary.url))
+        servers.append(replica_server(directory, 'refusing', s3))
+        yield (*servers, directory)
+    finally:
+        for server in servers:
+            stop(server)
+
+
+def call(server, method, path, body=None, key=None, status=200):
+    answer = requests.request(method, server.url + path, json=body, headers=bearer(key) if key else {},
+                              timeout=TIMEOUT, allow_redirects=False)
+    assert answer.status_code == status, (server.url, path, answer.text)
+    return answer.json()
+
+
+def account(server):
+    return call(server, 'POST', '/api/accounts', {'name': 'requester'}, status=201)['apiKey']
+
+
+def wait_until(condition, seconds, what):
+    """Wait for condition() to be true (polling), at most `seconds`; the seconds it took."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < seconds, f'{what}: not within {seconds} s'
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+class Stream:
+    """/api/jobs/stream of a server read in a thread from a raw socket (shut down to end it at once): its events and
+    when each job.new arrived."""
+
+    def __init__(self, server):
+        self.events, self.arrived = [], {}
+        self.sock = socket.create_connection(('127.0.0.1', server.port), timeout=TIMEOUT)
+        self.sock.sendall(b'GET /api/jobs/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n')
+        self.thread = threading.Thread(target=self.read, daemon=True)
+        self.thread.start()
+
+    def read(self):
+        lines = self.sock.makefile('rb')
+        event = None
+        try:
+            for line in lines:
+                if line.startswith(b'event: '):
+                    event = line[7:].strip().decode()
+                    self.events.append(event)
+                elif line.startswith(b'data: ') and event == 'job.new':
+                    self.arrived.setdefault(json.loads(line[6:])['id'], time.monotonic())
+        except (OSError, ValueError):       # shut down by the test
+            pass
+
+    def close(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.thread.join(TIMEOUT)
+        self.sock.close()
+
+
+def test_a_job_posted_on_the_primary_is_listed_searched_and_streamed_on_both_replicas_within_5_seconds(cluster):
+    primary, *replicas, _ = cluster
+    streams = [Stream(replica) for replica in replicas]
+    try:
+        wait_until(lambda: all(stream.events[:1] == ['connected'] for stream in streams), TIMEOUT, 'streams')
+        word = 'zebra' + uuid.uuid4().hex[:8]
+        key = account(primary)
+        job = call(primary, 'POST', '/api/jobs', job_body(title=f'Paint the {word} fence'), key=key, status=201)['job']
+        posted = time.monotonic()
+        for replica in replicas:
+            def listed():
+                return any(j['id'] == job['id'] for j in call(replica, 'GET', '/api/jobs?limit=50')['jobs'])
+
+            def found():
+                return [r['id'] for r in call(replica, 'GET', f'/api/jobs/search?q={word}')['results']] == [job['id']]
+            wait_until(listed, SEEN_WITHIN - (time.monotonic() - posted), f'{replica.url}: the job listed')
+            wait_until(found, SEEN_WITHIN - (time.monotonic() - posted), f'{replica.url}: the job found')
+            assert call(replica, 'GET', f'/api/jobs/{job["id"]}')['job'] == job    # the same JSON as the primary's
+        for stream in streams:
+            wait_until(lambda: job['id'] in stream.arrived, SEEN_WITHIN - (time.monotonic() - posted), 'streamed')
+        seconds = max(stream.arrived[job['id']] for stream in streams) - posted
+        print(f'\nread replicas: the job listed, found and streamed on both within {seconds:.2f} s of its 201')
+    finally:
+        for stream in streams:
+            stream.close()
+
+
+def test_a_write_sent_to_a_replica_lands_on_the_primary_or_is_refused(cluster):
+    primary, forwarding, refusing, _ = cluster
+    # Followed by requests (307: the same method and body): the account is made on the primary.
+    answer = requests.post(forwarding.url + '/api/accounts', json={'name': 'via a replica'}, timeout=TIMEOUT)
+    assert [hop.status_code for hop in answer.history] == [307]
+    assert answer.status_code == 201 and answer.url == primary.url + '/api/accounts'
+    key = answer.json()['apiKey']
+    # A client keeps its key on a redirect only to the same origin: one with a key follows it itself.
+    body = job_body(title='Posted to a replica')
+    moved = requests.post(forwarding.url + '/api/jobs?source=replica', json=body, headers=bearer(key),
+                          timeout=TIMEOUT, allow_redirects=False)
+    assert moved.status_code == 307
+    assert moved.headers['Location'] == primary.url + '/api/jobs?source=replica'
+    assert moved.json() == {'primary': primary.url + '/api/jobs?source=replica'}
+    job = requests.post(moved.headers['Location'], json=body, headers=bearer(key), timeout=TIMEOUT).json()['job']
+    assert call(primary, 'GET', f'/api/jobs/{job["id"]}')['job']['title'] == 'Posted to a replica'
+    # Without --primary-url: refused, in the JSON error shape, and nothing changes anywhere.
+    total = call(primary, 'GET', '/api/stats')['totalJobs']
+    refused = requests.post(refusing.url + '/api/jobs', json=body, headers=bearer(key), timeout=TIMEOUT)
+    assert refused.status_code == 503
+    assert refused.headers['Content-Type'] == 'application/json; charset=utf-8'
+    assert refused.json() == {'error': 'This server is a read replica: it serves reads only; send writes to the '
+                                       'primary.', 'code': 'read_only', 'status': 503}
+    assert call(primary, 'GET', '/api/stats')['totalJobs'] == total
+
+
+def concrete(path):
+    """A route's path with every <param> a well-formed id."""
+    return re.sub(r'<[^>]+>', str(uuid.uuid4()), path)
+
+
+def test_a_replica_never_answers_a_write_itself(cluster):
+    primary, forwarding, refusing, directory = cluster
+    key = account(primary)
+    writes = sorted({(method, path) for method, path, _, _ in mp.ROUTES + mp.BROWSER_ROUTES
+                     if method not in ('GET', 'HEAD')})      # the API's and the pages' forms
+    assert len(writes) >= 30 and ('POST', '/jobs/<job_id>/<action>') in writes
+    writes += [('PUT', '/api/jobs/<job_id>'), ('DELETE', '/api/agents/<agent_id>')]   # methods no route takes
+    stats = call(primary, 'GET', '/api/stats')
+    for method, path in writes:
+        path = concrete(path)
+        for replica in (forwarding, refusing):
+            answer = requests.request(method, replica.url + path, json={}, headers=bearer(key), timeout=TIMEOUT,
+                                      allow_redirects=False)
+            if replica is forwarding:
+                assert (answer.status_code, answer.headers.get('Location')) == (307, primary.url + path), path
+            else:
+                assert (answer.status_code, answer.json()['code']) == (503, 'read_only'), path
+    assert call(primary, 'GET', '/api/stats') == stats
+    # The replicas read the replica in place: no file of theirs, the primary's alone.
+    assert [path.name for path in directory.iterdir() if 'primary.db' not in path.name] == []
+
+
+def test_health_says_the_role_and_how_far_behind_a_replica_is(cluster):
+    primary, forwarding, refusing, _ = cluster
+    health = call(primary, 'GET', '/api/health')
+    assert health['role'] == 'primary' and 'lag' not in health and 'replicaOf' not in health
+    for replica in (forwarding, refusing):
+        health = call(replica, 'GET', '/api/health')
+        assert (health['status'], health['role'], health['replicaOf']) == ('ok', 'replica', REPLICA_URL)
+        assert health['replication'] == {'enabled': False, 'url': None}
+        # heartbeats every 1 s, Litestream's 1 s sync and the extension's 1 s poll: about 3 s at most, 8 with room
+        assert isinstance(health['lag'], float) and 0 <= health['lag'] < 8, health
+
+
+def test_a_replica_restarted_while_the_primary_writes_catches_up(cluster, s3):  # noqa: F811
+    primary, _, refusing, directory = cluster
+    key = account(primary)
+    posted, stopping = [], threading.Event()
+
+    def post_jobs():
+        session = requests.Session()
+        while not stopping.is_set():
+            answer = session.post(primary.url + '/api/jobs', json=job_body(title=f'Load {len(posted)}'),
+                                  headers=bearer(key), timeout=TIMEOUT)
+            assert answer.status_code == 201
+            posted.append(answer.json()['job']['id'])
+
+    writer = threading.Thread(target=post_jobs)
+    writer.start()
+    restarted = None
+    try:
+        wait_until(lambda: len(posted) >= 20, TIMEOUT, 'the first writes')
+        refusing.process.send_signal(signal.SIGTERM)
+        assert refusing.process.wait(TIMEOUT) == 0
+        before = len(posted)
+        wait_until(lambda: len(posted) >= before + 50, TIMEOUT, 'writes while the replica is down')
+        restarted = replica_server(directory, 'refusing', s3)
+        wait_until(lambda: len(posted) >= before + 100, TIMEOUT, 'writes after the restart')
+    finally:
+        stopping.set()
+        writer.join(TIMEOUT)
+    try:
+        total = call(primary, 'GET', '/api/stats')['totalJobs']
+        seconds = wait_until(lambda: call(restarted, 'GET', '/api/stats')['totalJobs'] == total, SEEN_WITHIN,
+                             'the restarted replica caught up')
+        newest = [job['id'] for job in call(restarted, 'GET', '/api/jobs?limit=100&sort=newest')['jobs']]
+        assert newest == posted[::-1][:100]
+        print(f'\nread replicas: {len(posted)} jobs posted across a replica restart; caught up {seconds:.2f} s '
+              'after the last')
+    finally:
+        if restarted is not None:
+            stop(restarted)
