@@ -7961,9 +7961,6 @@ class Service:
             raise ValueError(X402_NEEDS_PAY_TO)
         if stripe_mode(settings) and not settings.stripe_webhook_secret:
             raise ValueError(STRIPE_NEEDS_WEBHOOK_SECRET)
-        if settings.read_replica_of and settings.replica_url:
-            raise ValueError('a read replica (--read-replica-of) has no database of its own to replicate '
-                             '(--replica-url)')
         self.settings = settings
         self.replica = bool(settings.read_replica_of)   # reads only, from the primary's replica (ReplicaDatabase)
         if self.replica:
@@ -8961,6 +8958,8 @@ def main(argv=None):
         for handler in logging.getLogger().handlers:
             handler.setFormatter(JsonLogFormatter())
     hide_secrets_in_logs(settings)
+    if settings.read_replica_of and settings.replica_url:
+        parser.error('--read-replica-of and --replica-url: a read replica has no database of its own to replicate')
     if args.command == 'mcp':
         import mcp_server   # the only user of the mcp SDK, never under gevent
         mcp_server.run(settings.url, settings.api_key, settings.mcp_timeout)

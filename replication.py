@@ -153,10 +153,17 @@ def check_replica(db_path, url, endpoint='', timeout=CHECK_SECONDS):
         except OSError as exc:
             raise ReplicationError(f'the replica {shown} cannot be written: {exc.strerror or exc}') from None
         return
+    ltx_files(db_path, url, endpoint, timeout)
+
+
+def ltx_files(db_path, url, endpoint='', timeout=CHECK_SECONDS, level='0'):
+    """The lines `litestream ltx` lists for the replica (the LTX files of one level, or 'all'), without its header;
+    ReplicationError (one line) when the replica does not answer within `timeout` seconds."""
+    shown = public_url(url)
     with tempfile.TemporaryDirectory(prefix='litestream-check-') as scratch:
         config = write_configuration(Path(scratch) / 'litestream.yml', db_path, url, endpoint)
         try:
-            done = subprocess.run([litestream_binary(), 'ltx', '-no-expand-env', '-config', config,
+            done = subprocess.run([litestream_binary(), 'ltx', '-no-expand-env', '-config', config, '-level', level,
                                    str(Path(db_path).resolve())], capture_output=True, text=True, timeout=timeout,
                                   env=litestream_environment(url, endpoint), stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
@@ -164,6 +171,7 @@ def check_replica(db_path, url, endpoint='', timeout=CHECK_SECONDS):
     if done.returncode != 0:
         raise ReplicationError(f'the replica {shown} cannot be reached: '
                                f'{last_line(done.stderr + done.stdout, secrets(url))}')
+    return [line for line in done.stdout.splitlines()[1:] if line.strip()]
 
 
 def replicate_command(config_path, server_command):
@@ -241,13 +249,20 @@ def vfs_environment(url, endpoint='', environ=None):
 
 
 def exec_with_vfs_environment(url, endpoint, server_command):
-    """Re-run server_command (this same serve) in the extension's environment unless this process started in it:
-    the extension (Go) reads the environment the process started with, never what Python sets later."""
+    """Check that the replica answers and holds a database (ReplicationError, one line, if not), then re-run
+    server_command (this same serve) in the extension's environment unless this process started in it: the
+    extension (Go) reads the environment the process started with, never what Python sets later."""
     problem = replica_problem(url, endpoint)
     if problem:
         raise ReplicationError(f'--read-replica-of {public_url(url) if "://" in url else url}: {problem}')
+    if os.environ.get(UNDER_VFS):
+        return
+    with tempfile.TemporaryDirectory(prefix='litestream-check-') as scratch:
+        if not ltx_files(Path(scratch) / VFS_NAME, url, endpoint, level='all'):
+            raise ReplicationError(f'the replica {public_url(url)} holds no database: start the primary with '
+                                   f'--replica-url {public_url(url)} first')
     env = vfs_environment(url, endpoint)
-    if os.environ.get(UNDER_VFS) or env == dict(os.environ):
+    if env == dict(os.environ):
         return
     env[UNDER_VFS] = '1'
     sys.stdout.flush()

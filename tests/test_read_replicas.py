@@ -205,6 +205,74 @@ def test_health_says_the_role_and_how_far_behind_a_replica_is(cluster):
         assert isinstance(health['lag'], float) and 0 <= health['lag'] < 8, health
 
 
+def test_a_replica_of_nothing_or_of_itself_does_not_start(s3, tmp_path):  # noqa: F811
+    env = {**{name: value for name, value in os.environ.items() if not name.startswith('MARKETPLACE_')}, **AWS_ENV}
+    serve = [sys.executable, str(ROOT / 'marketplace.py'), 'serve', '--port', str(free_port()), '--db',
+             str(tmp_path / 'm.db'), '--read-replica-of', 's3://backups/nobody/here', '--replica-endpoint', s3]
+    empty = subprocess.run(serve, env=env, capture_output=True, text=True, timeout=30)
+    assert (empty.returncode, empty.stdout) == (1, '')
+    assert empty.stderr == ('marketplace.py serve: the replica s3://backups/nobody/here holds no database: start the '
+                            'primary with --replica-url s3://backups/nobody/here first\n')
+    both = subprocess.run(serve + ['--replica-url', 's3://backups/mine'], env=env, capture_output=True, text=True,
+                          timeout=30)
+    assert both.returncode == 2
+    assert both.stderr.endswith('error: --read-replica-of and --replica-url: a read replica has no database of its '
+                                'own to replicate\n')
+    assert list(tmp_path.iterdir()) == []
+
+
+def caddy_in_front(directory, primary, replicas):
+    """Debian's caddy on the shipped deploy/Caddyfile.replicas, on loopback ports, in front of these servers:
+    (its process, its HTTPS URL, the root certificate of its own CA, which requests trust)."""
+    port = free_port()
+    env = dict(os.environ, HOME=str(directory), XDG_DATA_HOME=str(directory / 'data'),
+               XDG_CONFIG_HOME=str(directory / 'config'), CADDY_ADMIN='off', CADDY_HTTP_PORT=str(free_port()),
+               CADDY_HTTPS_PORT=str(port), MARKETPLACE_DOMAIN='127.0.0.1',
+               MARKETPLACE_PRIMARY=f'127.0.0.1:{primary.port}',
+               MARKETPLACE_REPLICAS=' '.join(f'127.0.0.1:{replica.port}' for replica in replicas))
+    log = open(directory / 'caddy.log', 'wb')
+    process = subprocess.Popen([shutil.which('caddy'), 'run', '--config', str(ROOT / 'deploy' / 'Caddyfile.replicas'),
+                                '--adapter', 'caddyfile'], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=directory)
+    log.close()
+    root = directory / 'data' / 'caddy' / 'pki' / 'authorities' / 'local' / 'root.crt'
+    url = f'https://127.0.0.1:{port}'
+
+    def ready():
+        assert process.poll() is None, (directory / 'caddy.log').read_text()[-2000:]
+        try:
+            return root.exists() and requests.get(url + '/api/health', verify=str(root), timeout=1).ok
+        except (requests.ConnectionError, requests.exceptions.SSLError):
+            return False
+    wait_until(ready, 20, 'caddy')
+    return process, url, str(root)
+
+
+def test_the_replicas_caddyfile_sends_writes_to_the_primary_and_reads_to_the_replicas(cluster, tmp_path):
+    if shutil.which('caddy') is None:
+        pytest.skip('caddy is not installed: sudo apt-get install caddy')
+    primary, *replicas, _ = cluster
+    process, url, root = caddy_in_front(tmp_path, primary, replicas)
+    try:
+        def get(path, **headers):
+            return requests.get(url + path, headers=headers, verify=root, timeout=TIMEOUT).json()
+        # reads take turns over the replicas; a signed-in person and X-Read-From: primary read the primary
+        assert [get('/api/health')['role'] for _ in range(4)] == ['replica'] * 4
+        assert get('/api/health', **{'X-Read-From': 'primary'})['role'] == 'primary'
+        assert get('/api/health', Cookie='theme=dark; mk_session=abc')['role'] == 'primary'
+        answer = requests.post(url + '/api/accounts', json={'name': 'through caddy'}, verify=root, timeout=TIMEOUT)
+        assert answer.status_code == 201 and answer.history == []       # the primary's own answer: no 307 on the way
+        key = answer.json()['apiKey']
+        answer = requests.post(url + '/api/jobs', json=job_body(title='Through the front'), headers=bearer(key),
+                               verify=root, timeout=TIMEOUT)
+        assert answer.status_code == 201
+        job_id = answer.json()['job']['id']
+        wait_until(lambda: requests.get(url + f'/api/jobs/{job_id}', verify=root, timeout=TIMEOUT).status_code == 200,
+                   SEEN_WITHIN, 'the job read through the front')
+    finally:
+        process.kill()
+        process.wait(TIMEOUT)
+
+
 def test_a_replica_restarted_while_the_primary_writes_catches_up(cluster, s3):  # noqa: F811
     primary, _, refusing, directory = cluster
     key = account(primary)
