@@ -156,6 +156,73 @@ def open_streams(port, count):
     return sockets
 
 
+def replica_lag_under_writes(primary, replica, seconds, rate=50):
+    """Post jobs to the primary at `rate` a second for `seconds`; each second, time how long the replica takes to
+    show the job just posted, and read its health's lag. {seen_p50_s, seen_max_s, lag_max_s, posted}."""
+    import threading
+    import requests
+    session = requests.Session()
+    session.headers['Authorization'] = f'Bearer {ADMIN_KEY}'
+    body = {'title': 'Replicated job', 'description': 'Posted by make bench.', 'category': 'code',
+            'paymentAmount': '5.00', 'deadline': mp.iso(mp.now() + timedelta(days=7))}
+    posted, stopping = [], threading.Event()
+
+    def write():
+        started = time.monotonic()
+        while not stopping.is_set():
+            answer = session.post(primary + '/api/jobs', json=body, timeout=10)
+            posted.append((answer.json()['job']['id'], time.monotonic()))
+            time.sleep(max(0.0, started + len(posted) / rate - time.monotonic()))
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    seen, lags = [], []
+    try:
+        ends = time.monotonic() + seconds
+        while time.monotonic() < ends:
+            time.sleep(1)
+            job_id, at = posted[-1]
+            while requests.get(f'{replica}/api/jobs/{job_id}', timeout=10).status_code != 200:
+                time.sleep(0.02)
+            seen.append(time.monotonic() - at)
+            lags.append(requests.get(replica + '/api/health', timeout=10).json()['lag'])
+    finally:
+        stopping.set()
+        writer.join()
+    seen.sort()
+    return {'seen_p50_s': round(seen[len(seen) // 2], 2), 'seen_max_s': round(seen[-1], 2),
+            'lag_max_s': max(lags), 'posted': len(posted), 'rate': rate}
+
+
+def measure_replica(python, db, directory, measure, results, needed, seconds):
+    """A read replica (litestream-vfs on a file:// replica) beside the primary, replicated by Litestream:
+    GET /api/jobs?limit=50 on each, then the replica's lag under a steady write load."""
+    replica_url = f'file://{directory}/replica'
+    port, replica_port = free_port(), free_port()
+    common = ['--rate-limits', 'off', '--max-connections', str(needed), '--max-connections-per-ip', str(needed)]
+    primary = [python, 'marketplace.py', 'serve', '--db', str(db), '--port', str(port), '--sweep-interval', '3600',
+               '--replica-url', replica_url, '--heartbeat-interval', '1', *common]
+    replica = [python, 'marketplace.py', 'serve', '--port', str(replica_port), '--read-replica-of', replica_url,
+               *common]
+    with Process(primary, port, env={'MARKETPLACE_ADMIN_KEY': ADMIN_KEY}):
+        deadline = time.monotonic() + 120
+        while not list(Path(directory, 'replica').rglob('*.ltx')):     # Litestream's first snapshot
+            if time.monotonic() > deadline:
+                raise RuntimeError('Litestream made no snapshot of the primary in 120 s')
+            time.sleep(0.1)
+        with Process(replica, replica_port):
+            measure('primary under Litestream: GET /api/jobs?limit=50', f'http://127.0.0.1:{port}/api/jobs?limit=50')
+            measure('read replica: GET /api/jobs?limit=50', f'http://127.0.0.1:{replica_port}/api/jobs?limit=50')
+            lag = replica_lag_under_writes(f'http://127.0.0.1:{port}', f'http://127.0.0.1:{replica_port}', seconds)
+    replica_rps = results['read replica: GET /api/jobs?limit=50']['rps']
+    primary_rps = results['primary under Litestream: GET /api/jobs?limit=50']['rps']
+    results['read replica: GET /api/jobs?limit=50']['to_primary'] = round(replica_rps / primary_rps, 2)
+    results['read replica: lag under writes'] = lag
+    print(f'  read replica: {replica_rps / primary_rps:.2f} of the primary\'s GET /api/jobs?limit=50; under '
+          f'{lag["rate"]} writes/s a job is on the replica {lag["seen_p50_s"]} s after its 201 (median, max '
+          f'{lag["seen_max_s"]} s), health\'s lag at most {lag["lag_max_s"]} s', flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--jobs', type=int, default=20_000, help='jobs in the database (default 20000)')
@@ -164,6 +231,8 @@ def main(argv=None):
     parser.add_argument('--connections', type=int, default=50, help='wrk connections (default 50)')
     parser.add_argument('--streams', type=int, default=2_000, help='idle streams to hold open (default 2000)')
     parser.add_argument('--out', default=str(ROOT / 'artifacts' / 'bench.json'), help='the JSON results file')
+    parser.add_argument('--replica-seconds', type=int, default=10,
+                        help='seconds of writes while the read replica\'s lag is measured (0: no replica measure)')
     args = parser.parse_args(argv)
     if shutil.which('wrk') is None:
         print('make bench needs wrk: install it with `sudo apt-get install wrk` (Debian/Ubuntu).', file=sys.stderr)
@@ -237,6 +306,8 @@ def main(argv=None):
                 measure(f'{args.streams:,} idle streams: GET /api/health p50', f'{base}/api/health', connections=1)
                 for sock in streams:
                     sock.close()
+            if args.replica_seconds:
+                measure_replica(python, db, tmp, measure, results, needed, args.replica_seconds)
     results[f'{args.streams:,} idle streams: memory added'] = {'mb': round(added / 1024, 1)}
     results['server peak memory'] = {'mb': round(peak / 1024, 1)}
 
@@ -249,7 +320,9 @@ def main(argv=None):
         met = None if kind is None else (value >= threshold if kind == 'ratio' else value < threshold)
         target = {} if kind is None else {'ratio': f'≥ {threshold:.2f}', 'below_ms': f'< {threshold:g} ms',
                                           'below_mb': f'< {threshold:g} MB'}
-        if 'rps' in result:
+        if 'seen_p50_s' in result:
+            cells = ['', f'{result["seen_p50_s"] * 1000:.0f} (seen)', f'{result["seen_max_s"] * 1000:.0f} (max)', '']
+        elif 'rps' in result:
             cells = [f'{result["rps"]:,.0f}', f'{result["p50_ms"]:.2f}', f'{result["p99_ms"]:.2f}',
                      '' if ratio is None else f'{ratio:.2f}']
         else:
