@@ -7385,7 +7385,9 @@ API_OPERATIONS = {
     ('GET', '/api/health'): {
         'summary': 'Health of the service and its database', 'tags': ['System'],
         'ok': (200, 'Health'), 'errors': (), 'also': {503: ('Health', 'The database is unreachable.')},
-        'description': 'Not rate-limited, so that monitors and load balancers can probe it.'},
+        'description': 'Not rate-limited, so that monitors and load balancers can probe it. `role` says whether '
+                       'this server is the primary or a read replica (`--read-replica-of`), which also says `lag`: '
+                       'the seconds since the newest change of the primary it can see.'},
     ('GET', '/api/x402'): {
         'summary': 'The endpoints priced for x402, their prices and how to pay', 'tags': ['Payments'],
         'ok': (200, 'X402Info'), 'errors': (429,)},

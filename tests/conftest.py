@@ -24,8 +24,8 @@ ADMIN_KEY = 'test-admin-key-' + 'a' * 32
 
 
 def pytest_configure(config):
-    config.addinivalue_line('markers', 'replication: Litestream and an S3 server for real (tests/test_replication.py; '
-                                       'in make test, under a minute together)')
+    config.addinivalue_line('markers', 'replication: Litestream and an S3 server for real (tests/test_replication.py, '
+                                       'tests/test_read_replicas.py; in make test, about a minute together)')
 
 
 class Response:

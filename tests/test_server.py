@@ -515,7 +515,7 @@ def test_health_over_http(live_server):
     assert answer.headers['Content-Type'] == 'application/json; charset=utf-8'
     assert answer.json() == {'status': 'ok', 'version': '2.0.0', 'dbConnected': True, 'payments': 'simulated',
                              'rails': {'base': 'simulated', 'stripe': 'simulated'},
-                             'replication': {'enabled': False, 'url': None}}
+                             'replication': {'enabled': False, 'url': None}, 'role': 'primary'}
 
 
 def test_unknown_path_is_a_json_404(live_server):

@@ -6,7 +6,7 @@ def test_health(client):
     assert answer.status == 200
     assert answer.json == {'status': 'ok', 'version': '2.0.0', 'dbConnected': True, 'payments': 'simulated',
                            'rails': {'base': 'simulated', 'stripe': 'simulated'},
-                           'replication': {'enabled': False, 'url': None}}
+                           'replication': {'enabled': False, 'url': None}, 'role': 'primary'}
     assert answer.headers['Content-Type'] == 'application/json; charset=utf-8'
 
 
@@ -19,7 +19,7 @@ def test_health_is_503_when_the_database_cannot_be_read(settings):
     assert answer.status == 503
     assert answer.json == {'status': 'unavailable', 'version': '2.0.0', 'dbConnected': False, 'payments': 'simulated',
                            'rails': {'base': 'simulated', 'stripe': 'simulated'},
-                           'replication': {'enabled': False, 'url': None},
+                           'replication': {'enabled': False, 'url': None}, 'role': 'primary',
                            'error': 'The database cannot be read.', 'code': 'unavailable'}
 
 
