@@ -7949,8 +7949,8 @@ def check_replica_schema(db):
     """Refuse to serve a replica whose schema is not this program's (the primary runs another version)."""
     version = db.value('PRAGMA user_version')
     if version != SCHEMA_VERSION:
-        raise ValueError(f'the replica {db.path} has schema version {version}, this program {SCHEMA_VERSION}: '
-                         'run the same version as the primary')
+        raise replication.ReplicationError(f'the replica {db.path} has schema version {version}, this program '
+                                           f'{SCHEMA_VERSION}: run the same version as the primary')
 
 
 class Service:
@@ -8858,8 +8858,8 @@ def serve(settings):
 
 
 def serve_replica(app, server, settings):
-    """Serve a read replica (listening already) until SIGTERM: reads, and streams fed from the replica; no sweep,
-    no webhook, no payout, no metrics listener of its own database's work (the primary does all of that)."""
+    """Serve a read replica (listening already) until SIGTERM: reads, and streams fed from the replica, and
+    --metrics-port if set; no sweep, webhook, fan-out, payout or heartbeat (the primary does all of that)."""
     import gevent
     metrics_server = None
     if settings.metrics_port:
@@ -8868,7 +8868,7 @@ def serve_replica(app, server, settings):
                                     log=None, error_log=logging.getLogger('marketplace.server'))
         listen(metrics_server, settings.metrics_host, settings.metrics_port, before=server)
     jobs = gevent.spawn(replicated_jobs_forever, app.service)
-    writes = f'writes sent to {settings.primary_url}' if settings.primary_url else 'writes refused (no --primary-url)'
+    writes = f'writes sent to {settings.primary_url}' if settings.primary_url else 'writes refused: no --primary-url'
     log.info('marketplace %s serving on http://%s:%s as a read replica of %s (%s)',
              __version__, settings.host, server.server_port, app.service.db.path, writes)
     server.serve_forever(stop_timeout=settings.shutdown_timeout)
@@ -8962,6 +8962,8 @@ def main(argv=None):
     hide_secrets_in_logs(settings)
     if settings.read_replica_of and settings.replica_url:
         parser.error('--read-replica-of and --replica-url: a read replica has no database of its own to replicate')
+    if settings.read_replica_of and args.command != 'serve':
+        parser.error('--read-replica-of is for serve: a replica only reads; run this command on the primary')
     if args.command == 'mcp':
         import mcp_server   # the only user of the mcp SDK, never under gevent
         mcp_server.run(settings.url, settings.api_key, settings.mcp_timeout)
