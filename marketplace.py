@@ -725,9 +725,15 @@ class Database:
             self._waiting += 1
         try:
             self._writer.acquire()
-        finally:
+        except BaseException:       # killed while waiting: the group it was to commit must not wait for it
             with self._counting:
                 self._waiting -= 1
+            if self._writer.acquire(blocking=False):
+                self._owner = threading.get_ident()
+                self.give_writer()
+            raise
+        with self._counting:
+            self._waiting -= 1
         self._owner = threading.get_ident()
 
     def give_writer(self):
@@ -8556,6 +8562,7 @@ def serve(settings):
     fan_out.kill()
     deliverer.kill()
     webhooks.stop()
+    log.info('%d group commits made %d write transactions durable', app.service.db.commits, app.service.db.grouped)
     app.service.close()
     log.info('stopped')
 
