@@ -758,29 +758,46 @@ class Database:
             group.done.set()
 
     def commit_group(self, group):
-        """COMMIT the group (in a thread under the server) and wake its members; ROLLBACK all if that fails."""
+        """COMMIT the group and wake its members; ROLLBACK all if that fails. A kill that comes while the COMMIT
+        runs in its thread is raised once the COMMIT has ended (and the members know how)."""
+        error = interruption = None
         try:
             if group.members:
-                self.durable_commit()
-                self.commits += 1
-                self.grouped += group.members
+                error, interruption = self.durable_commit()
             else:
                 self.conn.execute('ROLLBACK')       # every member failed: nothing to make durable
         except BaseException as exc:
-            group.error = exc
-            log.error('a group commit of %d transactions failed, none applied: %r', group.members, exc)
+            error = exc
+        if error is None:
+            self.commits += (1 if group.members else 0)
+            self.grouped += group.members
+        else:
+            group.error = error
+            log.error('a group commit of %d transactions failed, none applied: %r', group.members, error)
             if self.conn.in_transaction:
                 self.conn.execute('ROLLBACK')
-        finally:
-            group.done.set()
+        group.done.set()
+        if interruption is not None:
+            raise interruption
 
     def durable_commit(self):
-        """COMMIT with its fsync; under the server in a real thread, apsw releasing the GIL, so the hub runs on."""
-        if self.commit_in_thread:
-            import gevent
-            gevent.get_hub().threadpool.apply(self.conn.execute, ('COMMIT',))
-        else:
-            self.conn.execute('COMMIT')
+        """COMMIT with its fsync: (its error, what interrupted the wait for it), each None if nothing did. Under the
+        server it runs in a real thread, apsw releasing the GIL, so the hub runs on; the wait outlasts any kill,
+        since nobody may touch the connection before the COMMIT returns."""
+        if not self.commit_in_thread:
+            try:
+                self.conn.execute('COMMIT')
+            except apsw.Error as exc:
+                return exc, None
+            return None, None
+        import gevent
+        done, interruption = gevent.get_hub().threadpool.spawn(self.conn.execute, 'COMMIT'), None
+        while not done.ready():
+            try:
+                done.wait()
+            except BaseException as exc:        # GreenletExit, a Timeout: after the COMMIT
+                interruption = interruption or exc
+        return (None if done.successful() else done.exception), interruption
 
     def await_commit(self, group):
         """Return once the group's COMMIT is durable, then run what after_commit put off; raise if it failed."""

@@ -40,7 +40,7 @@ class Commits:
             self.held.set()
             self.released.wait(10)
             if len(self.sizes) in self.fail:
-                raise apsw.FullError('database or disk is full (simulated)')
+                return apsw.FullError('database or disk is full (simulated)'), None
             return durable_commit()
 
         monkeypatch.setattr(db, 'commit_group', record)
@@ -127,7 +127,7 @@ def test_a_failed_commit_fails_every_member_and_applies_none(app, client, monkey
     assert not db.conn.in_transaction
     # Through the API: the answer is the JSON 503, and the job is not there (the ledger balances: the fixture).
     _, key = mp.create_account(db, 'poster')
-    monkeypatch.setattr(db, 'durable_commit', lambda: (_ for _ in ()).throw(apsw.FullError('disk full')))
+    monkeypatch.setattr(db, 'durable_commit', lambda: (apsw.FullError('disk full (simulated)'), None))
     answer = client.post('/api/jobs', job_body(title='Never written'), key=key)
     assert (answer.status, answer.json['code'], answer.json['status']) == (503, 'commit_failed', 503)
     assert answer.headers['Retry-After'] == '1'
