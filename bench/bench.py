@@ -1,7 +1,8 @@
 """`make bench`: the real server on a temporary database of 20,000 jobs (--jobs N), driven by wrk on
 127.0.0.1 one endpoint after another, against a ceiling measured in the same run: a bare Bottle app on
-gevent's server (bench/ceiling.py), with and without TCP_NODELAY. Then 2,000 idle /api/jobs/stream
-connections, and GET /api/health measured again while they are open.
+gevent's server (bench/ceiling.py), with and without TCP_NODELAY. POST /api/jobs with 32 concurrent posters
+(group commit) and with one (a lone write's latency). Then 2,000 idle /api/jobs/stream connections, and
+GET /api/health measured again while they are open. --only TEXT measures the endpoints whose name has TEXT.
 
 Every figure that depends on the machine is also given as a ratio to the ceiling, measured in pairs run
 back to back (the ceiling, then the endpoint; the median of --rounds pairs). The table goes to the terminal
