@@ -2360,14 +2360,15 @@ def agent_wants(agent, job):
 
 def agents_wanting(db, job, *, after='', registered_by=None, limit=-1):
     """The agents a new job suits, never the requester's own, in id order after `after` (registered at or before
-    `registered_by`, at most `limit` examined): (their ids, the last id examined or None when none was left)."""
+    `registered_by`, at most `limit` examined): (their ids, the last id examined or None when none was left, how
+    many were examined)."""
     examined = webhook_agents(db, '''a.account_id != :requester AND a.id > :after
                                      AND (:registered_by IS NULL OR a.created_at <= :registered_by)
                                      ORDER BY a.id LIMIT :limit''',
                               {'requester': job['requester_id'], 'after': after, 'registered_by': registered_by,
                                'limit': limit})
     return ([agent['id'] for agent in examined if agent_wants(agent, job)],
-            examined[-1]['id'] if examined else None)
+            examined[-1]['id'] if examined else None, len(examined))
 
 
 def queue_event(db, settings, event, job_id, recipients=None, *, agent_id=None, amount=None, tx_hash=None):
@@ -2409,30 +2410,38 @@ def add_deliveries(db, event, recipients):
 
 
 def fan_out_step(db, batch=FAN_OUT_BATCH):
-    """Expand the oldest outbox event by one batch of agents, in one transaction with its progress (so each
-    recipient gets its delivery exactly once, crash or not); False when no event is left."""
+    """Expand the oldest outbox events by one batch of agents, in one transaction with their progress (so each
+    recipient gets its delivery exactly once, crash or not): an event left unfinished ends the step, and one
+    finished within the batch lets the next in, each counting as at least one agent (events that reach few
+    agents, as most do, share a transaction and its commit); False when no event is left."""
     if not db.value('SELECT 1 FROM webhook_events WHERE expanded_at IS NULL LIMIT 1'):
         return False                # most requests queue nothing: no write transaction for them
     with db.transaction():
-        event = db.row('SELECT * FROM webhook_events WHERE expanded_at IS NULL ORDER BY seq LIMIT 1')
-        if event is None:
-            return False
-        done = True
-        if event['recipients'] is not None:
-            add_deliveries(db, event, json.loads(event['recipients']))
-        else:
-            job = db.row('SELECT * FROM jobs WHERE id = :id', {'id': event['job_id']})
-            wanting, last = agents_wanting(db, job, after=event['expanded_through'],
-                                           registered_by=event['created_at'], limit=batch)
-            add_deliveries(db, event, wanting)
-            done = last is None
-            if last is not None:
-                db.execute('UPDATE webhook_events SET expanded_through = :last WHERE seq = :seq',
-                           {'last': last, 'seq': event['seq']})
-        if done:
+        budget, expanded = batch, 0
+        while budget > 0:
+            event = db.row('SELECT * FROM webhook_events WHERE expanded_at IS NULL ORDER BY seq LIMIT 1')
+            if event is None:
+                break
+            expanded += 1
+            if event['recipients'] is not None:
+                recipients = json.loads(event['recipients'])
+                add_deliveries(db, event, recipients)
+                done, cost = True, len(recipients)
+            else:
+                job = db.row('SELECT * FROM jobs WHERE id = :id', {'id': event['job_id']})
+                wanting, last, cost = agents_wanting(db, job, after=event['expanded_through'],
+                                                     registered_by=event['created_at'], limit=budget)
+                add_deliveries(db, event, wanting)
+                done = last is None
+                if last is not None:
+                    db.execute('UPDATE webhook_events SET expanded_through = :last WHERE seq = :seq',
+                               {'last': last, 'seq': event['seq']})
+            if not done:
+                break
             db.execute('UPDATE webhook_events SET expanded_at = :now WHERE seq = :seq',
                        {'now': now_iso(), 'seq': event['seq']})
-    return True
+            budget -= max(1, cost)
+    return expanded > 0
 
 
 def fan_out_events(db, pause=None, batch=FAN_OUT_BATCH):
