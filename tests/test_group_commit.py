@@ -1,7 +1,8 @@
 """Group commit (Database.transaction): concurrent writes share one COMMIT, each in its own savepoint.
 
 In-process, with threads and a COMMIT held back by a hook, groups form at known places: a lone write commits at
-once and alone, a failing member undoes only itself, a failed COMMIT fails every member and applies none. Through
+once and alone, a failing member undoes only itself, a failed COMMIT fails every member and applies none, a kill
+during a COMMIT in gevent's thread pool waits for it, and outbox events that reach nobody share one fan-out. Through
 the real server: a claim that loses a race amid unrelated posts undoes none of them, keys sent many times at once
 inside groups make one job each, and SIGKILL in the middle of 32 posters loses no answered job and half-writes none.
 """
@@ -134,6 +135,50 @@ def test_a_failed_commit_fails_every_member_and_applies_none(app, client, monkey
     monkeypatch.undo()
     assert db.value("SELECT count(*) FROM jobs WHERE title = 'Never written'") == 0
     assert client.post('/api/jobs', job_body(title='Written'), key=key).status == 201
+
+
+class SlowCommits:
+    """The writing connection, its COMMIT slowed down (in the thread that runs it)."""
+
+    def __init__(self, conn, seconds):
+        self.conn, self.seconds = conn, seconds
+
+    def execute(self, sql, *args):
+        if sql == 'COMMIT':
+            time.sleep(self.seconds)
+        return self.conn.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+
+def test_a_kill_during_the_commit_waits_for_it_and_leaves_the_writer_usable(app, monkeypatch):
+    """A greenlet killed while its group's COMMIT runs in gevent's thread pool (a server stopping kills the
+    fan-out's) waits for that COMMIT: nothing touches the connection meanwhile, and the change is there."""
+    import gevent
+    db = app.service.db
+    monkeypatch.setattr(db, 'commit_in_thread', True)
+    monkeypatch.setattr(db, 'conn', SlowCommits(db.conn, 0.3))
+    committing = gevent.spawn(mp.create_account, db, 'killed while committing')
+    gevent.sleep(0.1)                # in its COMMIT now
+    committing.kill()
+    assert committing.dead and isinstance(committing.value, gevent.GreenletExit)    # killed, not finished
+    assert account_count(db, 'killed while committing') == 1
+    assert (db._group, db._owner, db.conn.in_transaction) == (None, None, False)
+    mp.create_account(db, 'after')
+    assert account_count(db, 'after') == 1
+
+
+def test_events_that_reach_nobody_share_one_fan_out_transaction(app, client, monkeypatch):
+    db = app.service.db
+    _, key = mp.create_account(db, 'poster')
+    monkeypatch.setattr(app.service, 'fan_out', lambda: None)        # the fan-out runs below
+    for n in range(5):
+        assert client.post('/api/jobs', job_body(title=f'Fanned {n}'), key=key).status == 201
+    commits = Commits(db, monkeypatch)
+    assert mp.fan_out_events(db) == 1
+    assert commits.sizes == [1]
+    assert db.value('SELECT count(*) FROM webhook_events WHERE expanded_at IS NULL') == 0
 
 
 # Through the real server -----------------------------------------------------
