@@ -613,8 +613,6 @@ class Database:
         self.path = str(path)
         self.conn = self.connect(self.path)
         self.conn.execute('PRAGMA journal_mode = WAL')
-        self.conn.execute('PRAGMA synchronous = FULL')
-        self.conn.execute('PRAGMA foreign_keys = ON')
         if replicated:
             self.conn.execute('PRAGMA wal_autocheckpoint = 0')
         self.reads = self.connect(self.path)
@@ -632,11 +630,14 @@ class Database:
 
     @staticmethod
     def connect(path):
-        """One connection to the file: busy timeout, no double-quoted strings, Python's lower()."""
+        """One connection to the file: synchronous=FULL, foreign keys, busy timeout, no double-quoted strings,
+        Python's lower()."""
         conn = apsw.Connection(path)
         conn.set_busy_timeout(5000)        # also while Litestream checkpoints or takes its read lock
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+        conn.execute('PRAGMA synchronous = FULL')
+        conn.execute('PRAGMA foreign_keys = ON')
         conn.create_scalar_function('unicode_lower', lambda text: text.lower() if isinstance(text, str) else text,
                                     1, deterministic=True)       # Python's lower(); SQLite's folds ASCII only
         return conn
