@@ -611,11 +611,9 @@ class Database:
 
     def __init__(self, path, replicated=False):
         self.path = str(path)
-        self.conn = self.connect(self.path)
+        self.conn = self.connect(self.path, replicated)
         self.conn.execute('PRAGMA journal_mode = WAL')
-        if replicated:
-            self.conn.execute('PRAGMA wal_autocheckpoint = 0')
-        self.reads = self.connect(self.path)
+        self.reads = self.connect(self.path, replicated)
         self.reads.execute('PRAGMA query_only = ON')       # a write through it would escape the writer lock
         self._depth = 0         # of the writer's transaction (0: none, or held open between them)
         self._owner = None      # the thread (greenlet under the server) that has the writer lock
@@ -629,15 +627,17 @@ class Database:
         self.commit_in_thread = monkey.is_module_patched('threading')
 
     @staticmethod
-    def connect(path):
+    def connect(path, replicated=False):
         """One connection to the file: synchronous=FULL, foreign keys, busy timeout, no double-quoted strings,
-        Python's lower()."""
+        Python's lower(); replicated, no automatic checkpoint."""
         conn = apsw.Connection(path)
         conn.set_busy_timeout(5000)        # also while Litestream checkpoints or takes its read lock
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
         conn.execute('PRAGMA synchronous = FULL')
         conn.execute('PRAGMA foreign_keys = ON')
+        if replicated:
+            conn.execute('PRAGMA wal_autocheckpoint = 0')
         conn.create_scalar_function('unicode_lower', lambda text: text.lower() if isinstance(text, str) else text,
                                     1, deterministic=True)       # Python's lower(); SQLite's folds ASCII only
         return conn
