@@ -498,6 +498,13 @@ class ReadOnlyReplica(APIError):
     message = 'This server is a read replica: it serves reads only; send writes to the primary.'
 
 
+class CommitFailed(Unavailable):
+    """The COMMIT of a group of transactions failed (a full disk, an I/O error): none of them was applied."""
+
+    code = 'commit_failed'
+    message = 'The change could not be written to disk, and nothing of it was applied; retry in a moment.'
+
+
 # A payment that does not check out is 402, except these (CONTRACT.md 7).
 PAYMENT_STATUSES = {'payment_invalid': 400, 'payment_replayed': 409, 'chain_unavailable': 503}
 
@@ -608,35 +615,80 @@ def schema_version(schema_sql):
 SCHEMA_VERSION = schema_version(SCHEMA_SQL)
 
 
-class Database:
-    """One apsw connection with WAL, synchronous=FULL, foreign keys and a busy timeout; `replicated` leaves the
-    checkpoints to Litestream (no automatic checkpoint here), which must copy every WAL frame before it goes.
+GROUP_COMMIT_MAX = 256      # transactions in one group commit at most: a steady stream of writers still commits
 
-    The server shares one connection between greenlets. SQLite calls never yield to gevent, so a
-    transaction runs whole without interleaving as long as it does no network I/O and no sleep. The one
-    that may (a paid x402 call runs its handler inside the transaction that consumes the payment, and a
-    handler may wait on the node) holds the writer lock meanwhile: other greenlets' transactions wait for
-    it, though their plain reads may see its writes before they commit.
+
+class CommitGroup:
+    """The write transactions that one COMMIT makes durable together: how many, when it is done, and its failure."""
+
+    def __init__(self):
+        self.members = 0
+        self.done = threading.Event()       # gevent's under the server (monkey-patched)
+        self.error = None
+
+
+class Database:
+    """Two apsw connections with WAL, synchronous=FULL, foreign keys and a busy timeout: `conn` writes, `reads`
+    reads what is committed. `replicated` leaves the checkpoints to Litestream (no automatic checkpoint here),
+    which must copy every WAL frame before it goes.
+
+    Writes are group-committed. Each transaction runs in its own savepoint inside the open group transaction
+    (one at a time: the writer lock), so a failing one rolls back only itself. When it ends, the group commits
+    at once if no other transaction waits for the lock (a lone write waits for nothing), else the last of those
+    waiting commits it: one fsync for all, and each transaction returns only once the COMMIT holding it is
+    durable (a failed COMMIT fails every member). Under the server the COMMIT runs in a thread of gevent's pool,
+    so the process keeps reading requests meanwhile; the writer lock keeps everyone else off `conn` till it ends.
+
+    Reads outside a transaction go to `reads` and see committed data only; inside one (or under hold), to
+    `conn`, which sees the transaction's own writes. SQLite calls never yield to gevent, so a transaction runs
+    whole without interleaving as long as it does no network I/O and no sleep. The one that may (a paid x402
+    call runs its handler inside the transaction that consumes the payment, and a handler may wait on the node)
+    holds the writer lock meanwhile: other greenlets' transactions wait for it.
     """
 
     read_only = False       # a ReplicaDatabase is
 
     def __init__(self, path, replicated=False):
         self.path = str(path)
-        self.conn = apsw.Connection(self.path)
-        self.conn.set_busy_timeout(5000)        # also while Litestream checkpoints or takes its read lock
-        self.conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
-        self.conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+        self.conn = self.connect(self.path, replicated)
         self.conn.execute('PRAGMA journal_mode = WAL')
-        self.conn.execute('PRAGMA synchronous = FULL')
-        self.conn.execute('PRAGMA foreign_keys = ON')
+        self.reads = self.connect(self.path, replicated)
+        self.reads.execute('PRAGMA query_only = ON')       # a write through it would escape the writer lock
+        self.nobody_writing()
+
+    def nobody_writing(self):
+        """The writer lock and the group commit's state, before anyone writes."""
+        self._depth = 0         # of the writer's transaction (0: none, or held open between them)
+        self._owner = None      # the thread (greenlet under the server) that has the writer lock
+        self._writer = threading.RLock()     # gevent's under the server (monkey-patched)
+        self._waiting = 0       # transactions waiting for the writer lock
+        self._counting = threading.Lock()
+        self._group = None      # the open group transaction
+        self._local = threading.local()     # hold() and after_commit(): per greenlet (per thread in-process)
+        self.commits = self.grouped = 0     # COMMITs made, and the transactions they held (logged at the end)
+        from gevent import monkey
+        self.commit_in_thread = monkey.is_module_patched('threading')
+
+    @staticmethod
+    def connect(path, replicated=False):
+        """One connection to the file (Database.prepare); replicated, with no automatic checkpoint."""
+        conn = Database.prepare(apsw.Connection(path))
         if replicated:
-            self.conn.execute('PRAGMA wal_autocheckpoint = 0')
-        self.conn.create_scalar_function('unicode_lower', lambda text: text.lower() if isinstance(text, str) else text,
-                                         1, deterministic=True)       # Python's lower(); SQLite's folds ASCII only
-        self._depth = 0
-        self._writer = threading.RLock()     # gevent's under the server (monkey-patched): per greenlet
-        self._held = threading.local()       # hold(): per greenlet too (per thread in-process)
+            conn.execute('PRAGMA wal_autocheckpoint = 0')
+        return conn
+
+    @staticmethod
+    def prepare(conn):
+        """A connection as every query expects it: synchronous=FULL, foreign keys, busy timeout, no double-quoted
+        strings, Python's lower()."""
+        conn.set_busy_timeout(5000)        # also while Litestream checkpoints or takes its read lock
+        conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
+        conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+        conn.execute('PRAGMA synchronous = FULL')
+        conn.execute('PRAGMA foreign_keys = ON')
+        conn.create_scalar_function('unicode_lower', lambda text: text.lower() if isinstance(text, str) else text,
+                                    1, deterministic=True)       # Python's lower(); SQLite's folds ASCII only
+        return conn
 
     def migrate(self, schema_sql=SCHEMA_SQL, migrations=MIGRATIONS):
         """Bring the database to the schema's version in one transaction: each pending migration's
@@ -655,13 +707,17 @@ class Database:
             for migration in pending:
                 self.conn.execute(migration.get('after', ''))
 
+    def writing(self):
+        """Does this greenlet (thread in-process) have the writer: inside a transaction, or holding one open?"""
+        return self._owner == threading.get_ident()
+
     @contextmanager
     def transaction(self):
-        """One write transaction (BEGIN IMMEDIATE); inner uses in the same greenlet join the outer one. Another
-        greenlet waits for it to end (the lock), so one that yields inside a transaction (a paid x402 call runs
-        its handler inside the transaction that consumes the payment) never mixes its writes with another's.
-        Under hold(), the first one that ends well stays open, and the later ones are savepoints in it."""
-        with self._writer:
+        """One write transaction, in its own savepoint of the group transaction, durable when it returns; inner
+        uses in the same greenlet join the outer one. Another greenlet waits for it to end (the lock), so one that
+        yields inside a transaction (a paid x402 call) never mixes its writes with another's. Under hold(), the
+        first one that ends well stays open, and the later ones are savepoints in it."""
+        if self.writing():
             if self._depth:
                 self._depth += 1
                 try:
@@ -669,74 +725,203 @@ class Database:
                 finally:
                     self._depth -= 1
                 return
-            held = self.held_state()
-            self.conn.execute('SAVEPOINT held' if held == 'open' else 'BEGIN IMMEDIATE')
+            with self.savepoint('inner'):       # in the transaction held open
+                yield self
+            return
+        self.take_writer()
+        try:
+            group = self._group
+            if group is None:
+                self.conn.execute('BEGIN IMMEDIATE')
+                group = self._group = CommitGroup()
+            self.conn.execute('SAVEPOINT member')
             self._depth = 1
             try:
                 yield self
             except BaseException:
                 self._depth = 0
-                self.conn.execute('ROLLBACK TO held; RELEASE held' if held == 'open' else 'ROLLBACK')
+                self._local.after = []
+                self.undo_member()
                 raise
             self._depth = 0
-            if held == 'open':
-                self.conn.execute('RELEASE held')
-            elif self.held_state() == 'waiting':     # held since it began, or from inside it (a paid call)
-                self._writer.acquire()          # kept, with the transaction, until end_hold
-                self._held.state = 'open'
+            if self.held_state() == 'waiting':      # held since it began, or from inside it (a paid call)
+                self._local.hold = 'open'       # kept, with the writer lock and the savepoint, until end_hold
+                return
+            self.conn.execute('RELEASE member')
+            group.members += 1
+        finally:
+            if self.held_state() != 'open':
+                self.give_writer()
+        self.await_commit(group)
+
+    @contextmanager
+    def savepoint(self, name):
+        """A savepoint in the writer's open transaction: released if the block ends well, else rolled back."""
+        self.conn.execute(f'SAVEPOINT {name}')
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._depth = 0
+            self.conn.execute(f'ROLLBACK TO {name}; RELEASE {name}')
+            raise
+        self._depth = 0
+        self.conn.execute(f'RELEASE {name}')
+
+    def take_writer(self):
+        """Wait for the writer lock, counted among those waiting (whom a group's COMMIT waits for)."""
+        with self._counting:
+            self._waiting += 1
+        try:
+            self._writer.acquire()
+        except BaseException:       # killed while waiting: the group it was to commit must not wait for it
+            with self._counting:
+                self._waiting -= 1
+            if self._writer.acquire(blocking=False):
+                self._owner = threading.get_ident()
+                self.give_writer()
+            raise
+        with self._counting:
+            self._waiting -= 1
+        self._owner = threading.get_ident()
+
+    def give_writer(self):
+        """Let the writer lock go; first commit the group if nobody waits to join it (or it is full)."""
+        group = self._group
+        try:
+            if group is not None and (not self._waiting or group.members >= GROUP_COMMIT_MAX):
+                self._group = None
+                self.commit_group(group)
+        finally:
+            self._owner = None
+            self._writer.release()
+
+    def undo_member(self):
+        """Roll back the failed transaction's savepoint; the group fails whole when SQLite rolled it all back."""
+        group = self._group
+        if self.conn.in_transaction:
+            self.conn.execute('ROLLBACK TO member; RELEASE member')
+        elif group is not None:     # an I/O error or a full disk ends the whole transaction in SQLite
+            self._group = None
+            group.error = RuntimeError('the group transaction was rolled back by SQLite')
+            group.done.set()
+
+    def commit_group(self, group):
+        """COMMIT the group and wake its members; ROLLBACK all if that fails. A kill that comes while the COMMIT
+        runs in its thread is raised once the COMMIT has ended (and the members know how)."""
+        error = interruption = None
+        try:
+            if group.members:
+                error, interruption = self.durable_commit()
             else:
+                self.conn.execute('ROLLBACK')       # every member failed: nothing to make durable
+        except BaseException as exc:
+            error = exc
+        if error is None:
+            self.commits += (1 if group.members else 0)
+            self.grouped += group.members
+        else:
+            group.error = error
+            log.error('a group commit of %d transactions failed, none applied: %r', group.members, error)
+            if self.conn.in_transaction:
+                self.conn.execute('ROLLBACK')
+        group.done.set()
+        if interruption is not None:
+            raise interruption
+
+    def durable_commit(self):
+        """COMMIT with its fsync: (its error, what interrupted the wait for it), each None if nothing did. Under the
+        server it runs in a real thread, apsw releasing the GIL, so the hub runs on; the wait outlasts any kill,
+        since nobody may touch the connection before the COMMIT returns."""
+        if not self.commit_in_thread:
+            try:
                 self.conn.execute('COMMIT')
+            except apsw.Error as exc:
+                return exc, None
+            return None, None
+        import gevent
+        done, interruption = gevent.get_hub().threadpool.spawn(self.conn.execute, 'COMMIT'), None
+        while not done.ready():
+            try:
+                done.wait()
+            except BaseException as exc:        # GreenletExit, a Timeout: after the COMMIT
+                interruption = interruption or exc
+        return (None if done.successful() else done.exception), interruption
+
+    def await_commit(self, group):
+        """Return once the group's COMMIT is durable, then run what after_commit put off; raise if it failed."""
+        group.done.wait()
+        after, self._local.after = getattr(self._local, 'after', []), []
+        if group.error is not None:
+            raise CommitFailed(headers={'Retry-After': '1'}) from group.error
+        for work in after:
+            work()
 
     def held_state(self):
         """This greenlet's hold: None, 'waiting' (for its first transaction) or 'open' (that transaction)."""
-        return getattr(self._held, 'state', None)
+        return getattr(self._local, 'hold', None)
 
     def hold(self):
         """From now on in this greenlet, the outermost transaction that ends well does not commit: it stays open
         (with the writer lock) for the later ones to join, until end_hold commits it with one last write (an
         Idempotency-Key's answer stored in the transaction of the change it answers)."""
         if self.held_state() is None:
-            self._held.state, self._held.after = 'waiting', []
+            self._local.hold = 'waiting'
 
     def end_hold(self, last=None):
-        """Run `last(db)` in the held transaction (or in a transaction of its own when none was opened), commit,
-        then what after_commit put off. An exception rolls back everything held, and is raised."""
-        state, after = self.held_state(), getattr(self._held, 'after', [])
-        self._held.state, self._held.after = None, []
+        """Run `last(db)` in the held transaction (or in a transaction of its own when none was opened), commit
+        (with the group), then what after_commit put off. An exception rolls back everything held, and is raised."""
+        state = self.held_state()
+        self._local.hold = None
         if state != 'open':
             if last is not None:
                 with self.transaction():
                     last(self)
-        else:
+            else:
+                self._local.after, after = [], getattr(self._local, 'after', [])
+                for work in after:
+                    work()
+            return
+        group = self._group
+        try:
             try:
                 if last is not None:
+                    self._depth = 1
                     last(self)
-                self.conn.execute('COMMIT')
             except BaseException:
-                if self.conn.in_transaction:
-                    self.conn.execute('ROLLBACK')
+                self.undo_member()
+                self._local.after = []
                 raise
             finally:
-                self._writer.release()
-        for work in after:
-            work()
+                self._depth = 0
+            self.conn.execute('RELEASE member')
+            group.members += 1
+        finally:
+            self.give_writer()
+        self.await_commit(group)
 
     def after_commit(self, work):
-        """Run `work()` now, or after end_hold commits when this greenlet holds an open transaction."""
-        if self.held_state() == 'open':
-            self._held.after.append(work)
+        """Run `work()` now, or, inside a transaction of this greenlet (or one it holds open), once it is durable."""
+        if self.writing():
+            if not hasattr(self._local, 'after'):
+                self._local.after = []
+            self._local.after.append(work)
         else:
             work()
 
     def let_others_in(self):
         """Yield to other greenlets between transactions, unless this one holds a transaction open: they would
-        read what it has not committed (and act on it, as the payouts broadcast would)."""
+        wait for its writer lock anyway."""
         if self.held_state() != 'open':
             time.sleep(0)
 
+    def reader(self):
+        """The connection this greenlet reads with: the writer's inside its transactions, else the reading one."""
+        return self.conn if self.writing() else self.reads
+
     def rows(self, sql, params=None):
         """Every row of a query as a dict."""
-        cursor = self.conn.execute(sql, params or {})
+        cursor = self.reader().execute(sql, params or {})
         try:
             names = [d[0] for d in cursor.get_description()]
         except apsw.ExecutionCompleteError:
@@ -750,16 +935,23 @@ class Database:
 
     def value(self, sql, params=None):
         """The first column of the first row, or None."""
-        for row in self.conn.execute(sql, params or {}):
+        for row in self.reader().execute(sql, params or {}):
             return row[0]
         return None
 
     def execute(self, sql, params=None):
+        """Run one write statement (in a transaction of its own outside one); the number of rows it changed."""
+        if not self.writing():
+            with self.transaction():
+                return self.execute(sql, params)
         self.conn.execute(sql, params or {})
         return self.conn.changes()
 
     def insert(self, table, values):
         """Insert a dict as a row of a table named by the code, never by a caller."""
+        if not self.writing():
+            with self.transaction():
+                return self.insert(table, values)
         names = ', '.join(values)
         marks = ', '.join(':' + name for name in values)
         self.conn.execute(f'INSERT INTO {table} ({names}) VALUES ({marks})', values)
@@ -768,13 +960,14 @@ class Database:
         """Copy the live database to a file, page by page, while it stays in use."""
         target = apsw.Connection(str(destination))
         try:
-            with target.backup('main', self.conn, 'main') as copy:
+            with target.backup('main', self.reads, 'main') as copy:
                 while not copy.done:
                     copy.step(256)
         finally:
             target.close()
 
     def close(self):
+        self.reads.close()
         self.conn.close()
 
 
@@ -787,15 +980,11 @@ class ReplicaDatabase(Database):
 
     def __init__(self, url):
         self.path = replication.public_url(url)
-        self.conn = replication.open_read_replica(url)
-        self.conn.set_busy_timeout(5000)
-        self.conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
-        self.conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
-        self.conn.create_scalar_function('unicode_lower', lambda text: text.lower() if isinstance(text, str) else text,
-                                         1, deterministic=True)
-        self._depth = 0
-        self._writer = threading.RLock()
-        self._held = threading.local()
+        self.conn = self.reads = self.prepare(replication.open_read_replica(url))     # its one connection
+        self.nobody_writing()
+
+    def close(self):
+        self.conn.close()
 
     @contextmanager
     def transaction(self):
@@ -2150,7 +2339,7 @@ def create_agent(db, account_id, fields, max_agents):
     with db.transaction():
         require_agent_room(db, account_id, max_agents)
         db.insert('agents', row)
-    return get_agent(db, row['id']), secret
+        return get_agent(db, row['id']), secret
 
 
 def get_agent(db, agent_id):
@@ -2247,14 +2436,15 @@ def agent_wants(agent, job):
 
 def agents_wanting(db, job, *, after='', registered_by=None, limit=-1):
     """The agents a new job suits, never the requester's own, in id order after `after` (registered at or before
-    `registered_by`, at most `limit` examined): (their ids, the last id examined or None when none was left)."""
+    `registered_by`, at most `limit` examined): (their ids, the last id examined or None when none was left, how
+    many were examined)."""
     examined = webhook_agents(db, '''a.account_id != :requester AND a.id > :after
                                      AND (:registered_by IS NULL OR a.created_at <= :registered_by)
                                      ORDER BY a.id LIMIT :limit''',
                               {'requester': job['requester_id'], 'after': after, 'registered_by': registered_by,
                                'limit': limit})
     return ([agent['id'] for agent in examined if agent_wants(agent, job)],
-            examined[-1]['id'] if examined else None)
+            examined[-1]['id'] if examined else None, len(examined))
 
 
 def queue_event(db, settings, event, job_id, recipients=None, *, agent_id=None, amount=None, tx_hash=None):
@@ -2296,30 +2486,38 @@ def add_deliveries(db, event, recipients):
 
 
 def fan_out_step(db, batch=FAN_OUT_BATCH):
-    """Expand the oldest outbox event by one batch of agents, in one transaction with its progress (so each
-    recipient gets its delivery exactly once, crash or not); False when no event is left."""
+    """Expand the oldest outbox events by one batch of agents, in one transaction with their progress (so each
+    recipient gets its delivery exactly once, crash or not): an event left unfinished ends the step, and one
+    finished within the batch lets the next in, each counting as at least one agent (events that reach few
+    agents, as most do, share a transaction and its commit); False when no event is left."""
     if not db.value('SELECT 1 FROM webhook_events WHERE expanded_at IS NULL LIMIT 1'):
         return False                # most requests queue nothing: no write transaction for them
     with db.transaction():
-        event = db.row('SELECT * FROM webhook_events WHERE expanded_at IS NULL ORDER BY seq LIMIT 1')
-        if event is None:
-            return False
-        done = True
-        if event['recipients'] is not None:
-            add_deliveries(db, event, json.loads(event['recipients']))
-        else:
-            job = db.row('SELECT * FROM jobs WHERE id = :id', {'id': event['job_id']})
-            wanting, last = agents_wanting(db, job, after=event['expanded_through'],
-                                           registered_by=event['created_at'], limit=batch)
-            add_deliveries(db, event, wanting)
-            done = last is None
-            if last is not None:
-                db.execute('UPDATE webhook_events SET expanded_through = :last WHERE seq = :seq',
-                           {'last': last, 'seq': event['seq']})
-        if done:
+        budget, expanded = batch, 0
+        while budget > 0:
+            event = db.row('SELECT * FROM webhook_events WHERE expanded_at IS NULL ORDER BY seq LIMIT 1')
+            if event is None:
+                break
+            expanded += 1
+            if event['recipients'] is not None:
+                recipients = json.loads(event['recipients'])
+                add_deliveries(db, event, recipients)
+                done, cost = True, len(recipients)
+            else:
+                job = db.row('SELECT * FROM jobs WHERE id = :id', {'id': event['job_id']})
+                wanting, last, cost = agents_wanting(db, job, after=event['expanded_through'],
+                                                     registered_by=event['created_at'], limit=budget)
+                add_deliveries(db, event, wanting)
+                done = last is None
+                if last is not None:
+                    db.execute('UPDATE webhook_events SET expanded_through = :last WHERE seq = :seq',
+                               {'last': last, 'seq': event['seq']})
+            if not done:
+                break
             db.execute('UPDATE webhook_events SET expanded_at = :now WHERE seq = :seq',
                        {'now': now_iso(), 'seq': event['seq']})
-    return True
+            budget -= max(1, cost)
+    return expanded > 0
 
 
 def fan_out_events(db, pause=None, batch=FAN_OUT_BATCH):
@@ -2411,7 +2609,7 @@ def create_job(db, settings, fields, funding=None, checkout=None):
         if not checkout:
             lock_escrow(db, job, funding)
             queue_event(db, settings, 'job.new', job['id'])
-    return get_job(db, job['id'])
+        return get_job(db, job['id'])
 
 
 def get_job(db, job_id):
@@ -2543,7 +2741,7 @@ def deliver_claim(db, settings, job_id, claim_id, deliverable, account):
                          delivered_at=now_iso())
         set_job_status(db, job_id, live_job_status(db, job))
         queue_event(db, settings, 'job.delivered', job_id, claim_holders(db, job_id), agent_id=claim['agent_id'])
-    return get_claim(db, job_id, claim_id), get_job(db, job_id)
+        return get_claim(db, job_id, claim_id), get_job(db, job_id)
 
 
 REPUTATION = {
@@ -2627,7 +2825,7 @@ def verify_claim(db, settings, job_id, claim_id, approved, account, reason=None)
         else:
             reject_claim(db, settings, job, claim, reason=reason)
         payments = new_payments(db, job_id, before)
-    return get_job(db, job_id), get_claim(db, job_id, claim_id), payments
+        return get_job(db, job_id), get_claim(db, job_id, claim_id), payments
 
 
 def new_payments(db, job_id, after_seq):
@@ -2646,7 +2844,7 @@ def cancel_job(db, settings, job_id, account):
                            'open job with no active claim and nothing paid can be cancelled.',
                            code='job_not_open')
         finish_job(db, settings, job, 'cancelled')
-    return get_job(db, job_id)
+        return get_job(db, job_id)
 
 
 def claim_due(job, claim):
@@ -2677,7 +2875,7 @@ def release_claim(db, job_id, claim_id, account):
             raise Conflict(f'The claim has until {due} to deliver (claimTimeoutHours: {job["claim_timeout_hours"]}).',
                            code='claim_not_overdue')
         expire_claim(db, job, claim)
-    return get_claim(db, job_id, claim_id), get_job(db, job_id)
+        return get_claim(db, job_id, claim_id), get_job(db, job_id)
 
 
 def money_sql(column):
@@ -2938,7 +3136,7 @@ def open_dispute(db, settings, job_id, claim_id, reason, account):
         set_claim_status(db, claim_id, 'disputed')
         set_job_status(db, job_id, live_job_status(db, job))
         queue_event(db, settings, 'payment.disputed', job_id, claim_holders(db, job_id), agent_id=claim['agent_id'])
-    return get_dispute(db, dispute['id']), get_job(db, job_id)
+        return get_dispute(db, dispute['id']), get_job(db, job_id)
 
 
 def decide_dispute(db, settings, dispute, outcome, resolution, resolved_by):
@@ -2989,7 +3187,7 @@ def resolve_dispute(db, settings, dispute_id, outcome, resolution, resolved_by, 
             resolved_by = trusted_decider(db, dispute, account)['name']
         require_open_dispute(dispute)
         decide_dispute(db, settings, dispute, outcome, resolution, resolved_by)
-    return get_dispute(db, dispute_id), get_job(db, dispute['job_id'])
+        return get_dispute(db, dispute_id), get_job(db, dispute['job_id'])
 
 
 def register_arbitrator(db, settings, account, name, wallet, agent_id, owner_id):
@@ -3016,7 +3214,7 @@ def register_arbitrator(db, settings, account, name, wallet, agent_id, owner_id)
                       'status': 'active' if settings.open_arbitration else 'pending',
                       'created_at': moment, 'updated_at': moment}
         db.insert('arbitrators', arbitrator)
-    return get_arbitrator(db, arbitrator['id'])
+        return get_arbitrator(db, arbitrator['id'])
 
 
 def cast_vote(db, settings, dispute_id, arbitrator_id, choice, reasoning, account):
@@ -3048,7 +3246,7 @@ def cast_vote(db, settings, dispute_id, arbitrator_id, choice, reasoning, accoun
             resolution = (f'Community vote: {tally[outcome]} of {tally["total"]} arbitrators decided for the '
                           f'{outcome}.')
             decide_dispute(db, settings, dispute, outcome, resolution, 'community')
-    return vote, get_dispute(db, dispute_id)
+        return vote, get_dispute(db, dispute_id)        # as this vote left it (a later one in its group may decide)
 
 
 def vote_summary(db, dispute_id):
@@ -3589,7 +3787,7 @@ def find_jobs(db, *, match=None, category=None, status=None, min_pay=None, sort=
                          {'category': category, 'status': status})
     else:
         total = db.value(f'SELECT count(*) FROM {source}{clause}', params)
-    page = [row[0] for row in db.conn.execute(
+    page = [row[0] for row in db.reader().execute(
         f'SELECT {key} FROM {source}{clause} ORDER BY {order} LIMIT :limit OFFSET :offset', params)]
     return page, total
 
@@ -3601,7 +3799,7 @@ def jobs_in_order(db, seqs, base_url=None):
     if base_url is None:
         found = {job['seq']: job for job in db.rows(f'{JOB_SELECT} WHERE j.seq IN ({marks})', params)}
     else:
-        found = dict(db.conn.execute(f'SELECT j.seq, {JOB_JSON_SQL} FROM ({JOB_SELECT} WHERE j.seq IN ({marks})) j',
+        found = dict(db.reader().execute(f'SELECT j.seq, {JOB_JSON_SQL} FROM ({JOB_SELECT} WHERE j.seq IN ({marks})) j',
                                      dict(params, base=base_url)))
     return [found[seq] for seq in seqs]
 
@@ -4983,9 +5181,9 @@ def patch_account(account_id):
         if not db.execute('UPDATE accounts SET x402_exempt = :exempt WHERE id = :id',
                           {'exempt': int(exempt), 'id': account_id}):
             raise NotFound('No account has this id.')
-    row = db.row('SELECT id, name, role, x402_exempt FROM accounts WHERE id = :id', {'id': account_id})
-    return {'account': {'id': row['id'], 'name': row['name'], 'role': row['role'],
-                        'x402Exempt': bool(row['x402_exempt'])}}
+        row = db.row('SELECT id, name, role, x402_exempt FROM accounts WHERE id = :id', {'id': account_id})
+        return {'account': {'id': row['id'], 'name': row['name'], 'role': row['role'],
+                            'x402Exempt': bool(row['x402_exempt'])}}
 
 
 @route('POST', '/api/agents/register', limit='registration')
@@ -5142,8 +5340,9 @@ def post_redeliver(agent_id, delivery_id):
         db.execute('''UPDATE webhook_deliveries SET status = 'pending', attempts = 0, last_error = NULL,
                       next_attempt_at = :due, delivered_at = NULL, updated_at = :now WHERE id = :id''',
                    {'now': now_iso(), 'due': None if agent['webhook_paused_at'] else now_iso(), 'id': delivery_id})
-    response.status = 202
-    return {'delivery': delivery_json(db.row('SELECT * FROM webhook_deliveries WHERE id = :id', {'id': delivery_id}))}
+        response.status = 202
+        return {'delivery': delivery_json(db.row('SELECT * FROM webhook_deliveries WHERE id = :id',
+                                                 {'id': delivery_id}))}
 
 
 @route('POST', '/api/webhooks/test', limit='webhook_test')
@@ -5928,7 +6127,7 @@ def patch_arbitrator(arbitrator_id):
                    {'status': status or arbitrator['status'],
                     'trusted': int(arbitrator['trusted'] if trusted is None else trusted),
                     'now': now_iso(), 'id': arbitrator_id})
-    return {'arbitrator': arbitrator_json(get_arbitrator(db, arbitrator_id))}
+        return {'arbitrator': arbitrator_json(get_arbitrator(db, arbitrator_id))}
 
 
 # Sweeps ----------------------------------------------------------------------
@@ -8853,6 +9052,7 @@ def serve(settings):
     if heartbeat is not None:
         heartbeat.kill()
     webhooks.stop()
+    log.info('%d group commits made %d write transactions durable', app.service.db.commits, app.service.db.grouped)
     app.service.close()
     log.info('stopped')
 

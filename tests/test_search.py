@@ -527,11 +527,11 @@ def test_a_filtered_list_reads_its_page_in_index_order(app, filters, sort):
         statements.append((sql, bindings))
         return True
 
-    db.conn.exec_trace = remember
+    db.reads.exec_trace = remember     # a read outside a transaction: the reading connection
     try:
         mp.find_jobs(db, sort=sort, **filters)
     finally:
-        db.conn.exec_trace = None
+        db.reads.exec_trace = None
     (sql, bindings), = [(sql, bindings) for sql, bindings in statements if sql.startswith('SELECT j.seq')]
     plan = [row[3] for row in db.conn.execute('EXPLAIN QUERY PLAN ' + sql, bindings)]
     assert not [step for step in plan if 'TEMP B-TREE' in step], plan
