@@ -81,14 +81,17 @@ class Metrics:
                                    'by method and route template.', ['method', 'route'],
                                    buckets=DURATION_BUCKETS, registry=self.registry)
         self.registry.register(StateCollector(read_state))
+        self.series = {}    # (method, route, status) -> its counter and its histogram (bounded: templates only)
 
     def count_request(self, method, route, status, started):
         """Count one answer: `route` is the route template (None: no route matched), `started` its
         time.perf_counter() at arrival."""
-        method = method if method in METHODS else 'other'
-        route = route or UNMATCHED
-        self.requests.labels(method, route, str(status)).inc()
-        self.durations.labels(method, route).observe(time.perf_counter() - started)
+        key = (method if method in METHODS else 'other', route or UNMATCHED, str(status))
+        series = self.series.get(key)
+        if series is None:      # labels() locks and builds its key each time: each answer's pair, looked up once
+            series = self.series[key] = (self.requests.labels(*key), self.durations.labels(*key[:2]))
+        series[0].inc()
+        series[1].observe(time.perf_counter() - started)
 
     def scrape(self):
         """The text exposition of every series."""
