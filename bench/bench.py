@@ -103,6 +103,7 @@ def load_jobs(db_path, count, seed=7):
                 'paymentCurrency': rng.choice(('USDC', 'USD')), 'deadline': deadline,
                 'requirements': {'language': rng.choice(LANGUAGES)}}, account)
             mp.create_job(svc.db, settings, fields)
+    svc.fan_out()       # their job.new events, expanded here: the server would do it during the first measures
     job_id = svc.db.value('SELECT id FROM jobs ORDER BY seq LIMIT 1 OFFSET :n', {'n': count // 2})
     svc.close()
     return job_id, time.monotonic() - started
