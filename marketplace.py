@@ -9058,16 +9058,10 @@ def serve(settings):
     if os.environ.get(replication.UNDER_LITESTREAM):
         gevent.spawn(stop_without_litestream)
     listen(server, settings.host, settings.port)
+    metrics_server = metrics_listener(app, server, settings)
     if app.service.replica:
-        serve_replica(app, server, settings)
+        serve_replica(app, server, metrics_server, settings)
         return
-    metrics_server = None
-    if settings.metrics_port:      # a second listener, without keys: scrapes do not count as requests
-        from gevent.pywsgi import WSGIServer
-        metrics_server = WSGIServer((settings.metrics_host, settings.metrics_port), metrics_app(app.service),
-                                    log=None, error_log=logging.getLogger('marketplace.server'))
-        listen(metrics_server, settings.metrics_host, settings.metrics_port, before=server)
-        log.info('metrics without a key on http://%s:%s/metrics', settings.metrics_host, settings.metrics_port)
     sweeper = gevent.spawn(sweep_forever, app.service)
     fan_out = gevent.spawn(fan_out_forever, app.service)
     webhooks = WebhookWorker(app.service)
@@ -9096,16 +9090,23 @@ def serve(settings):
     log.info('stopped')
 
 
-def serve_replica(app, server, settings):
-    """Serve a read replica (listening already) until SIGTERM: reads, and streams fed from the replica, and
-    --metrics-port if set; no sweep, webhook, fan-out, payout or heartbeat (the primary does all of that)."""
+def metrics_listener(app, server, settings):
+    """The --metrics-port listener, started (None when it is off): without keys, and its scrapes are not counted
+    as requests. `server` is stopped when the port cannot be had."""
+    if not settings.metrics_port:
+        return None
+    from gevent.pywsgi import WSGIServer
+    listener = WSGIServer((settings.metrics_host, settings.metrics_port), metrics_app(app.service),
+                          log=None, error_log=logging.getLogger('marketplace.server'))
+    listen(listener, settings.metrics_host, settings.metrics_port, before=server)
+    log.info('metrics without a key on http://%s:%s/metrics', settings.metrics_host, settings.metrics_port)
+    return listener
+
+
+def serve_replica(app, server, metrics_server, settings):
+    """Serve a read replica (listening already, and on --metrics-port if set) until SIGTERM: reads, and streams
+    fed from the replica; no sweep, webhook, fan-out, payout or heartbeat (the primary does all of that)."""
     import gevent
-    metrics_server = None
-    if settings.metrics_port:
-        from gevent.pywsgi import WSGIServer
-        metrics_server = WSGIServer((settings.metrics_host, settings.metrics_port), metrics_app(app.service),
-                                    log=None, error_log=logging.getLogger('marketplace.server'))
-        listen(metrics_server, settings.metrics_host, settings.metrics_port, before=server)
     jobs = gevent.spawn(replicated_jobs_forever, app.service)
     writes = f'writes sent to {settings.primary_url}' if settings.primary_url else 'writes refused: no --primary-url'
     log.info('marketplace %s serving on http://%s:%s as a read replica of %s (%s)',
