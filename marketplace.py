@@ -89,20 +89,14 @@ def parse_bool(text):
     raise ValueError(f'expected true or false, got {text!r}')
 
 
-def parse_on_off(text):
-    """Read 'on' or 'off'."""
-    value = str(text).strip().lower()
-    if value not in ('on', 'off'):
-        raise ValueError(f'expected on or off, got {text!r}')
-    return value
-
-
-def parse_log_format(text):
-    """Read 'text' or 'json'."""
-    value = str(text).strip().lower()
-    if value not in ('text', 'json'):
-        raise ValueError(f'expected text or json, got {text!r}')
-    return value
+def parse_choice(*choices):
+    """A parser of one of these words (case and surrounding blanks ignored)."""
+    def parse(text):
+        value = str(text).strip().lower()
+        if value not in choices:
+            raise ValueError(f'expected {" or ".join(choices)}, got {text!r}')
+        return value
+    return parse
 
 
 def parse_percent(text):
@@ -239,14 +233,14 @@ SETTINGS = [
             "operator fee taken from each release, in percent (e.g. 2.5)"),
     Setting('open_registration', True, parse_bool,
             'allow POST /api/accounts and POST /api/agents/register without a key'),
-    Setting('rate_limits', 'on', parse_on_off, 'per-IP rate limits: on or off'),
+    Setting('rate_limits', 'on', parse_choice('on', 'off'), 'per-IP rate limits: on or off'),
     Setting('rate_limit_scale', 1.0, parse_positive(float),
             'multiply every rate limit by this (e.g. 10 for a busy private deployment)'),
     Setting('max_agents_per_account', 20, parse_positive(int),
             'agents one account may register (admins too); one more is 409 too_many_agents'),
     Setting('trust_proxy', False, parse_bool,
             'take the client IP from the last X-Forwarded-For entry (only behind your own proxy)'),
-    Setting('log_format', 'text', parse_log_format,
+    Setting('log_format', 'text', parse_choice('text', 'json'),
             'log lines: text, or json (one object per line: each request with its route, status, duration, client '
             'and request id)'),
     Setting('shutdown_timeout', 10.0, parse_positive(float),
