@@ -578,6 +578,19 @@ MIGRATIONS = {
     },
     7: {},      # idempotency keys (CONTRACT 14): schema.sql adds idempotency_keys, nothing else changes
     8: {},      # browser sessions (issue 23): schema.sql adds sessions, nothing else changes
+    9: {        # round 3 (CONTRACT 20): a dispute stores its parties' accounts and wallets when it opens; those of
+                # the disputes already there are taken as they are now (wallets cannot change under an open dispute
+                # from this version on)
+        'before': '''
+            ALTER TABLE disputes ADD COLUMN requester_account TEXT;
+            ALTER TABLE disputes ADD COLUMN worker_account TEXT;
+            ALTER TABLE disputes ADD COLUMN worker_wallet TEXT;
+            ALTER TABLE disputes ADD COLUMN payer_wallet TEXT;
+            UPDATE disputes SET (requester_account, worker_account, worker_wallet, payer_wallet) =
+                (SELECT j.requester_id, a.account_id, a.wallet_address, j.refund_address
+                 FROM claims c JOIN jobs j ON j.id = c.job_id JOIN agents a ON a.id = c.agent_id
+                 WHERE c.id = disputes.claim_id);''',
+    },
 }
 
 
@@ -1168,13 +1181,25 @@ def pay_out(db, settings, job, kind, amount, *, debit, credit, recipient, claim_
                           claim_id=claim_id, status='pending', tx_hash=tx_hash, raw_tx=raw, nonce=nonce)
 
 
+def fee_of(amount, currency, fee_percent):
+    """The operator's fee on `amount` base units: the fee percentage of it, rounded down to a whole cent (so that
+    every record shows exactly with two places)."""
+    cent = 10 ** (DECIMALS[currency] - 2)
+    return amount // cent * int(fee_percent * 100) // 10_000 * cent
+
+
 def release_to_worker(db, settings, job, claim, agent, amount):
     """Pay a worker `amount` base units from escrow, less the operator fee; return the records.
 
-    The fee is rounded down to a whole cent, so that every record shows exactly with two places.
+    Fees are carried across a job's releases (CONTRACT.md 20): this one's is the fee of everything the job has
+    released so far, this release included, less the fees already taken, so that shares round down once, not
+    each on its own (100 shares of 0.39 pay the fee of 39.00).
     """
-    cent = 10 ** (DECIMALS[job['currency']] - 2)
-    fee = amount // cent * int(settings.fee_percent * 100) // 10_000 * cent
+    before = db.row('''SELECT coalesce(sum(amount), 0) AS released,
+                             coalesce(sum(CASE type WHEN 'fee' THEN amount END), 0) AS fees
+                      FROM payments WHERE job_id = :id AND type IN ('release', 'fee')''', {'id': job['id']})
+    fee = fee_of(before['released'] + amount, job['currency'], settings.fee_percent) - before['fees']
+    fee = min(amount, max(0, fee))
     if stripe_job(job):     # paid to the agent's connected account (its id until it has one)
         recipient = agent['stripe_account_id'] or agent['id']
     else:
@@ -2316,6 +2341,18 @@ def read_agent_body(body, settings, partial=False):
     return agent
 
 
+def require_unlocked_wallet(db, agent, wallet):
+    """409 wallet_locked when an agent with an open claim or dispute would change its wallet (CONTRACT.md 20): the
+    claim is paid, and the dispute judged, with the wallet it was made with."""
+    if (agent['wallet_address'] or '').lower() == wallet.lower():
+        return
+    if db.value(f'''SELECT 1 FROM claims c WHERE c.agent_id = :id AND (c.status IN {ACTIVE_CLAIMS}
+                        OR EXISTS (SELECT 1 FROM disputes d WHERE d.claim_id = c.id AND d.status = 'open'))''',
+                {'id': agent['id']}):
+        raise Conflict('The agent holds an open claim or dispute: its walletAddress cannot change until they end.',
+                       code='wallet_locked')
+
+
 def require_agent_room(db, account_id, max_agents):
     """409 too_many_agents when an account has `max_agents` agents already."""
     if db.value('SELECT count(*) FROM agents WHERE account_id = :id', {'id': account_id}) >= max_agents:
@@ -2697,12 +2734,17 @@ def claim_job(db, settings, job_id, agent_id, account):
         if job['status'] not in takes_claims:
             raise Conflict(f'The job is {job["status"]} and takes no more claims.', code='job_not_open')
         require_open_deadline(job)
-        # an agent that let a claim time out may not take the slot again: it would freeze the job once more
+        # an account whose agent let a claim time out may not take the slot again with any of its agents: it would
+        # freeze the job once more (CONTRACT.md 20, one account, one squat)
+        if db.value('''SELECT 1 FROM claims c JOIN agents a ON a.id = c.agent_id
+                       WHERE c.job_id = :job AND a.account_id = :account AND c.status = 'expired' ''',
+                    {'job': job_id, 'account': agent['account_id']}):
+            raise Conflict('An agent of your account let a claim on this job expire: your account may not claim it '
+                           'again.', code='claim_expired')
         if db.value('''SELECT 1 FROM claims WHERE job_id = :job AND agent_id = :agent
-                       AND status IN ('claimed', 'delivered', 'disputed', 'approved', 'expired')''',
+                       AND status IN ('claimed', 'delivered', 'disputed', 'approved')''',
                     {'job': job_id, 'agent': agent_id}):
-            raise Conflict('This agent already holds a claim on the job (or was paid for it, or let a claim on it '
-                           'expire).', code='already_claimed')
+            raise Conflict('This agent already holds a claim on the job (or was paid for it).', code='already_claimed')
         if slots_taken(db, job) >= job['max_workers']:
             raise Conflict('Every worker slot of this job is taken.', code='already_claimed')
         if agent['reputation'] < job['min_reputation']:
@@ -3076,26 +3118,27 @@ def get_arbitrator(db, arbitrator_id):
     return arbitrator
 
 
-def dispute_links(db, claim_id):
-    """What ties an arbitrator to a dispute over this claim: the parties' accounts, and the wallets
-    (lowercase) of the worker's agent and of the job's funding payer."""
-    row = db.row('''SELECT j.requester_id, j.refund_address, a.account_id AS worker_id, a.wallet_address
+def party_ties(db, claim_id):
+    """The parties of a dispute over this claim as they are now, to be stored with it: the requester's and the
+    worker's accounts, the worker agent's wallet and the job's funding payer (disputes columns)."""
+    return db.row('''SELECT j.requester_id AS requester_account, a.account_id AS worker_account,
+                         a.wallet_address AS worker_wallet, j.refund_address AS payer_wallet
                      FROM claims c JOIN jobs j ON j.id = c.job_id JOIN agents a ON a.id = c.agent_id
                      WHERE c.id = :claim''', {'claim': claim_id})
-    wallets = {address.lower() for address in (row['wallet_address'], row['refund_address']) if address}
-    return {row['requester_id'], row['worker_id']}, wallets
 
 
-def is_linked(arbitrator, links):
-    """The arbitrator's account is a party's, or its wallet is the worker agent's or the funding payer's."""
-    accounts, wallets = links
-    return arbitrator['account_id'] in accounts or arbitrator['wallet_address'].lower() in wallets
+def dispute_links(ties):
+    """What ties an arbitrator to a dispute (its stored party_ties, or a disputes row): the parties' accounts, and
+    the wallets (lowercase) of the worker's agent and of the job's funding payer. A wallet the worker's agent takes
+    later changes nothing (CONTRACT.md 20)."""
+    wallets = {address.lower() for address in (ties['worker_wallet'], ties['payer_wallet']) if address}
+    return {ties['requester_account'], ties['worker_account']}, wallets
 
 
-def draw_panel(db, claim_id, size):
-    """The ids of `size` active arbitrators not linked to a dispute over this claim, drawn at random; []
+def draw_panel(db, ties, size):
+    """The ids of `size` active arbitrators not linked to a dispute with these party_ties, drawn at random; []
     when fewer are eligible."""
-    links = dispute_links(db, claim_id)
+    links = dispute_links(ties)
     eligible = [row['id'] for row in db.rows(
         "SELECT id, account_id, wallet_address FROM arbitrators WHERE status = 'active' ORDER BY id")
         if not is_linked(row, links)]
@@ -3119,11 +3162,12 @@ def open_dispute(db, settings, job_id, claim_id, reason, account):
                 "SELECT 1 FROM disputes WHERE job_id = :id AND status = 'open'", {'id': job_id}):
             raise Conflict('Another delivery of this job is under dispute; dispute this one after it is '
                            'resolved.', code='dispute_open')
-        panel = draw_panel(db, claim_id, settings.required_votes)
+        ties = party_ties(db, claim_id)      # stored: who is a party stays as it was when the dispute opened
+        panel = draw_panel(db, ties, settings.required_votes)
         dispute = {'id': new_id(), 'job_id': job_id, 'claim_id': claim_id, 'status': 'open', 'reason': reason,
                    'outcome': None, 'resolution': None, 'resolved_by': None,
                    'required_votes': settings.required_votes,
-                   'created_at': now_iso(), 'resolved_at': None, 'needs_admin': int(not panel)}
+                   'created_at': now_iso(), 'resolved_at': None, 'needs_admin': int(not panel), **ties}
         db.insert('disputes', dispute)
         for arbitrator_id in panel:
             db.insert('dispute_panels', {'dispute_id': dispute['id'], 'arbitrator_id': arbitrator_id})
@@ -3156,7 +3200,7 @@ def require_open_dispute(dispute):
 
 def trusted_decider(db, dispute, account):
     """The trusted, active arbitrator not linked to the dispute through which a member's account decides it."""
-    links = dispute_links(db, dispute['claim_id'])
+    links = dispute_links(dispute)
     if account['id'] in links[0]:
         raise Forbidden('A party to the dispute cannot decide it.', code='conflict_of_interest')
     trusted = db.rows("""SELECT * FROM arbitrators WHERE account_id = :id AND status = 'active' AND trusted = 1
@@ -3220,7 +3264,7 @@ def cast_vote(db, settings, dispute_id, arbitrator_id, choice, reasoning, accoun
             raise Forbidden('You can vote only with an arbitrator your account owns.')
         if arbitrator['status'] == 'suspended':
             raise Forbidden('This arbitrator is suspended.', code='arbitrator_suspended')
-        if is_linked(arbitrator, dispute_links(db, dispute['claim_id'])):
+        if is_linked(arbitrator, dispute_links(dispute)):
             raise Forbidden('An arbitrator linked to a party of the dispute cannot vote on it.',
                             code='conflict_of_interest')
         if arbitrator['status'] != 'active' or not db.value(
@@ -5260,6 +5304,8 @@ def patch_agent(agent_id):
     if changes:
         assignments = ', '.join(f'{column} = :{column}' for column in changes)
         with svc.db.transaction():
+            if 'wallet_address' in changes:
+                require_unlocked_wallet(svc.db, get_agent(svc.db, agent['id']), changes['wallet_address'])
             svc.db.execute(f'UPDATE agents SET {assignments}, updated_at = :now WHERE id = :id',
                            dict(changes, now=now_iso(), id=agent['id']))
             if 'webhook_url' in changes:

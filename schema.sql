@@ -207,7 +207,12 @@ CREATE TABLE IF NOT EXISTS disputes (
     required_votes  INTEGER NOT NULL,
     created_at      TEXT NOT NULL,
     resolved_at     TEXT,
-    needs_admin     INTEGER NOT NULL DEFAULT 0     -- too few eligible arbitrators for a panel when it opened
+    needs_admin     INTEGER NOT NULL DEFAULT 0,    -- too few eligible arbitrators for a panel when it opened
+    -- the parties as they were when it opened (its panel was drawn against them; they alone decide conflicts)
+    requester_account TEXT,                        -- the job's requester
+    worker_account  TEXT,                          -- the account of the claim's agent
+    worker_wallet   TEXT,                          -- the claim's agent's wallet then
+    payer_wallet    TEXT                           -- on chain: the job's funding payer
 );
 CREATE INDEX IF NOT EXISTS disputes_status ON disputes(status, created_at);
 CREATE INDEX IF NOT EXISTS disputes_job ON disputes(job_id);
@@ -394,4 +399,4 @@ CREATE TABLE IF NOT EXISTS sessions (
 );
 CREATE INDEX IF NOT EXISTS sessions_seen ON sessions(seen_at);
 
-PRAGMA user_version = 8;
+PRAGMA user_version = 9;

@@ -477,6 +477,8 @@ def version_4_demo(path):
         ALTER TABLE jobs DROP COLUMN checkout_expires_at; ALTER TABLE jobs DROP COLUMN payment_intent;
         ALTER TABLE jobs DROP COLUMN stripe_charge; ALTER TABLE payments DROP COLUMN reference;
         ALTER TABLE agents DROP COLUMN stripe_account_id; ALTER TABLE agents DROP COLUMN stripe_payouts_enabled;
+        ALTER TABLE disputes DROP COLUMN requester_account; ALTER TABLE disputes DROP COLUMN worker_account;
+        ALTER TABLE disputes DROP COLUMN worker_wallet; ALTER TABLE disputes DROP COLUMN payer_wallet;
         PRAGMA writable_schema = ON;
         UPDATE sqlite_schema SET sql = replace(replace(sql, '''pending_payment'', ', ''), '''pending'', ', '')
             WHERE type = 'table' AND name = 'jobs';""")
@@ -495,7 +497,7 @@ def test_a_version_4_database_takes_pending_jobs_and_keeps_its_rows(tmp_path):
     conn.close()
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 8
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
     assert [tuple(row.values()) for row in db.rows('SELECT id, status, escrow_status FROM jobs ORDER BY id')] == jobs
     assert db.value('PRAGMA integrity_check') == 'ok' and db.value('PRAGMA foreign_key_check') is None
     job = jobs[0][0]
@@ -551,12 +553,18 @@ def test_a_version_3_database_keeps_its_arbitrators_and_votes_and_agent_arbitrat
     assert votes and any(agent for _, agent, _ in before) and any(not agent for _, agent, _ in before)
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 8
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
     after = [tuple(row.values()) for row in db.rows('SELECT id, agent_id IS NOT NULL, status, trusted FROM arbitrators ORDER BY id')]
     assert after == [(id_, agent, 'pending' if agent and status == 'active' else status, 0)
                      for id_, agent, status in before]
     assert [tuple(row.values()) for row in db.rows('SELECT id, dispute_id, arbitrator_id, vote FROM votes ORDER BY id')] \
         == votes
+    # version 9: the dispute's parties, taken as they are at the migration (CONTRACT.md 20)
+    assert db.row("SELECT requester_account, worker_account, worker_wallet, payer_wallet FROM disputes WHERE id = 'd1'") \
+        == db.row('''SELECT j.requester_id AS requester_account, a.account_id AS worker_account,
+                         a.wallet_address AS worker_wallet, j.refund_address AS payer_wallet
+                         FROM jobs j, agents a WHERE j.id = :job AND a.id = :agent''', {'job': job, 'agent': agent})
+    assert db.value("SELECT worker_account FROM disputes WHERE id = 'd1'") == account
     assert db.value('PRAGMA foreign_key_check') is None
     assert {row['claim_timeout_hours'] for row in db.rows('SELECT claim_timeout_hours FROM jobs')} == {24}
     assert mp.ledger_problems(db) == []
@@ -593,7 +601,7 @@ def test_a_version_2_database_gains_job_counts_of_its_jobs_and_the_list_indexes(
     assert len(counted) >= 5 and {status for _, status, _ in counted} >= {'open', 'completed', 'rejected'}
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 8
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
     assert [tuple(row.values()) for row in db.rows('SELECT category, status, jobs FROM job_counts ORDER BY 1, 2')] \
         == counted
     indexes = {row['name'] for row in db.rows("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'jobs'")}
@@ -607,7 +615,7 @@ def test_a_new_database_gets_the_schema_without_migrations(tmp_path):
     db = mp.Database(tmp_path / 'new.db')
     not_sql = {'before': 'THIS IS NOT SQL'}
     db.migrate(mp.SCHEMA_SQL, {2: not_sql, 3: not_sql, 4: not_sql, 5: not_sql, 6: not_sql})     # a new database runs no migration
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 8
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
     db.close()
 
 
@@ -648,7 +656,7 @@ def test_a_version_5_database_keeps_the_hashes_of_its_signed_payouts(tmp_path):
     db.close()
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 8
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
     assert db.rows('SELECT tx_hash, source, payment_id, nonce, raw_tx FROM signed_transactions') == \
         [{'tx_hash': '0x' + 'ab' * 32, 'source': 'payments', 'payment_id': 'p1', 'nonce': 4, 'raw_tx': '0x02f8'}]
     db.close()

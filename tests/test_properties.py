@@ -15,7 +15,8 @@ CONTRACT.md sections 3, 4, 5, 7 and 11 are checked against the database and the 
   no active claim; for every job the payments shown by GET /api/jobs/:id add up:
   escrow = released + fee + refunded + still held;
 - every approved claim was paid its share exactly once (the whole price, or paymentAmount / maxWorkers
-  rounded down to the cent in all-paid), less a fee that is the fee percentage rounded down to the cent;
+  rounded down to the cent in all-paid), less a fee; a job's fees together are the fee percentage of all it
+  released, rounded down to the cent once (fees carried across shares, section 20);
 - a live job's status follows its claims (disputed, delivered, claimed when every slot is taken, else
   open), and no job holds more claims than maxWorkers;
 - every dispute has a panel of requiredVotes arbitrators none of whom is linked to a party (or no panel and
@@ -42,13 +43,13 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
 import hypothesis.configuration
-from hypothesis import HealthCheck, note, settings
+from hypothesis import given, HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import marketplace as mp
-from conftest import ADMIN_KEY, Client, make_account, make_agent, random_wallet
+from conftest import ADMIN_KEY, Client, job_body, make_account, make_agent, random_wallet
 from fake_stripe import FakeStripe
 
 PANEL_DRAW = mp.PANEL_DRAW     # the service's own (secrets.SystemRandom), put back after each run
@@ -743,9 +744,17 @@ class MarketMachine(RuleBasedStateMachine):
             unit = UNITS[row['currency']]
             assert row['releases'] == 1 and row['fees'] <= 1, f'approved claim paid more than once: {row}'
             assert row['released'] + row['fee'] == share_cents * unit, f'wrong share: {row}'
-            exact_fee = Decimal(share_cents) * self.fee / 100         # in cents
-            assert row['fee'] % unit == 0, row
-            assert exact_fee - 1 < Decimal(row['fee'] // unit) <= exact_fee, f'fee is not {self.fee}% to the cent: {row}'
+            assert row['fee'] % unit == 0 and 0 <= row['fee'] <= share_cents * unit, row
+        # Fees are carried across a job's shares (CONTRACT.md 20): all of a job's fees are its fee percentage of
+        # all it released, rounded down to the cent once.
+        for row in self.db.rows('''SELECT j.id, j.currency, coalesce(sum(p.amount), 0) AS gross,
+                                          coalesce(sum(CASE p.type WHEN 'fee' THEN p.amount END), 0) AS fees
+                                   FROM jobs j JOIN payments p ON p.job_id = j.id AND p.type IN ('release', 'fee')
+                                   GROUP BY j.id'''):
+            unit = UNITS[row['currency']]
+            exact_fee = Decimal(row['gross'] // unit) * self.fee / 100         # in cents
+            assert row['fees'] % unit == 0, row
+            assert exact_fee - 1 < Decimal(row['fees'] // unit) <= exact_fee, f'fees are not {self.fee}% to the cent: {row}'
         for job_id, approved in approved_per_job.items():
             job = self.job_row(job_id)
             limit = job['max_workers'] if job['competition_mode'] == 'all-paid' else 1
@@ -864,3 +873,78 @@ TestLedgerNoFee.settings = TestLedgerFee.settings = TestLedgerOddFeeOneVote.sett
 # The stripe machine takes more runs, to reach deeper into jobs paid by card (ci: 20 → 40; make fuzz: 500)
 TestLedgerStripe.settings = settings(settings.get_profile(PROFILE),
                                      max_examples=max(40, settings.get_profile(PROFILE).max_examples))
+
+
+# Fees carried across shares (CONTRACT.md 20) -----------------------------------------------------------------
+
+def test_any_split_of_a_jobs_releases_pays_the_fee_of_one_release_of_their_sum(tmp_path):
+    """However a job's releases are split (100 shares of 0.39, or odd amounts), its fees add up to the fee of one
+    release of their sum, each share pays at most itself, and the ledger balances."""
+    app = mp.make_app(mp.Settings(db=str(tmp_path / 'fees.db'), rate_limits='off', admin_key=ADMIN_KEY))
+    client = Client(app)
+    db = app.service.db
+    _, key = make_account(client, 'requester')
+    agent = {'id': 'the-worker', 'wallet_address': random_wallet(), 'stripe_account_id': None}
+
+    def released(shares, currency):
+        """A job of the shares' sum released in these shares: the fee of each release, in cents."""
+        body = job_body(paymentAmount=mp.format_cents(sum(shares)), paymentCurrency=currency)
+        answer = client.post('/api/jobs', body, key=key)
+        assert answer.status == 201, answer
+        job = mp.get_job(db, answer.json['job']['id'])
+        unit = 10 ** (mp.DECIMALS[currency] - 2)
+        fees = []
+        with db.transaction():
+            for share in shares:
+                records = mp.release_to_worker(db, app.service.settings, job, {'id': None}, agent, share * unit)
+                paid = {record['type']: record['amount'] for record in records}
+                assert paid['release'] + paid.get('fee', 0) == share * unit, records
+                fees.append(paid.get('fee', 0) // unit)
+            mp.set_job_status(db, job['id'], 'completed', 'released')
+        return fees
+
+    @settings(settings.get_profile(PROFILE), max_examples=40 if PROFILE == 'ci' else 300)
+    @given(fee=st.sampled_from(['2.5', '33.33', '0.01', '99.99', '100']),
+           shares=st.one_of(st.lists(st.integers(1, 2_000), min_size=1, max_size=30),
+                            st.integers(2, 100).map(lambda count: [39] * count)),
+           currency=st.sampled_from(['USDC', 'USD']))
+    def check(fee, shares, currency):
+        app.service.settings.fee_percent = Decimal(fee)
+        in_pieces = released(shares, currency)
+        [at_once] = released([sum(shares)], currency)
+        assert sum(in_pieces) == at_once == sum(shares) * int(Decimal(fee) * 100) // 10_000, (in_pieces, at_once)
+        assert mp.ledger_problems(db) == []
+
+    try:
+        check()
+    finally:
+        app.service.close()
+
+
+def test_a_hundred_shares_of_39_cents_pay_the_fee_of_39_00(tmp_path):
+    """The hole closed: at 2.5 %, each 0.39 share on its own rounds its fee (0.00975) down to nothing."""
+    app = mp.make_app(mp.Settings(db=str(tmp_path / 'fees.db'), rate_limits='off', admin_key=ADMIN_KEY,
+                                  fee_percent=Decimal('2.5')))
+    client = Client(app)
+    _, requester_key = make_account(client, 'requester')
+    answer = client.post('/api/jobs', job_body(paymentAmount='39.00', maxWorkers=100, competitionMode='all-paid'),
+                         key=requester_key)
+    assert answer.status == 201, answer
+    job = answer.json['job']
+    for n in range(100):
+        _, key = make_account(client, f'worker-{n}')
+        agent, _ = make_agent(client, key, name=f'worker-{n}')
+        claim = client.post(f'/api/jobs/{job["id"]}/claim', {'agentId': agent['id']}, key=key).json['claim']
+        delivered = client.post(f'/api/jobs/{job["id"]}/deliver', {'claimId': claim['id'], 'deliverable': {
+            'type': 'url', 'url': 'https://example.com/out'}}, key=key)
+        assert delivered.status == 200, delivered
+        verified = client.post(f'/api/jobs/{job["id"]}/verify', {'claimId': claim['id'], 'approved': True},
+                               key=requester_key)
+        assert verified.status == 200, verified
+    shown = client.get(f'/api/jobs/{job["id"]}').json
+    fees = [Decimal(p['amount']) for p in shown['payments'] if p['type'] == 'fee']
+    releases = [Decimal(p['amount']) for p in shown['payments'] if p['type'] == 'release']
+    assert (shown['job']['status'], len(releases), sum(fees), sum(releases)) == \
+        ('completed', 100, Decimal('0.97'), Decimal('38.03'))      # 2.5 % of 39.00 = 0.975, down to 0.97
+    assert mp.ledger_problems(app.service.db) == []
+    app.service.close()

@@ -322,7 +322,7 @@ def test_a_claim_still_claimed_after_its_timeout_expires_at_the_sweep_and_frees_
     assert expire(client) == NOTHING_EXPIRED                          # once
     # The slot is free for another agent; the agent that let its claim lapse may not take it again.
     assert_error(client.post(f'/api/jobs/{job["id"]}/claim', {'agentId': market.agent['id']},
-                             key=market.worker_key), 409, 'already_claimed')
+                             key=market.worker_key), 409, 'claim_expired')
     other, other_key = worker(client, 'next-worker')
     second = market.claim(job, agent=other, key=other_key)
     approve(market, job, market.deliver(job, second, key=other_key))

@@ -213,7 +213,7 @@ def test_an_overdue_claim_expires_at_the_sweep_and_can_be_released(tmp_path):
         assert (detail['job']['status'], detail['job']['escrowStatus']) == ('open', 'locked')
         assert [claim['status'] for claim in detail['claims']] == ['expired']
         assert_refused(sybil.call('POST', f'/api/jobs/{job["id"]}/claim', {'agentId': sybil_agent['id']}),
-                       409, 'already_claimed')                             # no second freeze by the same agent
+                       409, 'claim_expired')                              # no second freeze by the same agent
 
         second = honest.ok('POST', f'/api/jobs/{job["id"]}/claim', {'agentId': honest_agent['id']}, 201)['claim']
         backdate_claim(db, second['id'], hours=3)
