@@ -47,6 +47,7 @@ import signal
 import socket
 import threading
 import time
+import unicodedata
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -1792,6 +1793,29 @@ class Form:
             raise ValidationFailed(f'Some fields are not valid: {names}.', fields=self.errors)
 
 
+# Characters a name may not hold, by Unicode category: they hide (zero-width, bidirectional overrides), break a
+# line, or mean nothing yet (CONTRACT.md 20).
+NAME_REFUSED = {'Cc': 'control', 'Cf': 'format (invisible or bidirectional)', 'Co': 'private-use',
+                'Cn': 'unassigned', 'Cs': 'surrogate'}
+
+
+def read_name(value, max_len=100):
+    """A name (of an account, agent or arbitrator): NFKC-normalised and trimmed, 1 to `max_len` characters, none of
+    them control, format, private-use or unassigned; ValueError otherwise."""
+    if not isinstance(value, str):
+        raise ValueError('must be a string')
+    name = unicodedata.normalize('NFKC', value).strip()
+    for char in value + name:
+        kind = NAME_REFUSED.get(unicodedata.category(char))
+        if kind:
+            raise ValueError(f'must not hold {kind} characters (U+{ord(char):04X})')
+    if not name:
+        raise ValueError('must not be empty')
+    if len(name) > max_len:
+        raise ValueError(f'must be at most {max_len} characters')
+    return name
+
+
 _PCT, _SUB = r'%[0-9A-Fa-f]{2}', r"[A-Za-z0-9\-._~!$&'()*+,;=]"       # RFC 3986: pct-encoded; unreserved, sub-delims
 _PCHAR = rf'(?:{_SUB}|{_PCT}|[:@])'
 _URL = re.compile(rf'^https?://(?:(?:{_SUB}|{_PCT}|:)*@)?(?P<host>\[[0-9A-Fa-f:.]+\]|(?:{_SUB}|{_PCT})+)'
@@ -2313,7 +2337,7 @@ def read_agent_body(body, settings, partial=False):
     """Validated agent fields from a POST /api/agents body (with `partial`, a PATCH: only those sent)."""
     form = Form(body)
     agent = {
-        'name': form.text('name', required=not partial, max_len=100),
+        'name': form.parsed('name', read_name, required=not partial),
         'description': form.text('description', default='', max_len=2000, allow_empty=True),
         'wallet_address': form.parsed('walletAddress', read_address, required=not partial),
         'webhook_url': form.parsed('webhookUrl', read_url),
@@ -5197,7 +5221,7 @@ def require_open_registration():
 def post_account():
     require_open_registration()
     form = Form(read_json_body())
-    name = form.text('name', required=True, max_len=100)
+    name = form.parsed('name', read_name, required=True)
     form.done()
     account, key = create_account(service().db, name)
     response.status = 201
@@ -6123,7 +6147,7 @@ def get_votes(dispute_id):
 def post_arbitrator():
     account = require_account()
     form = Form(read_json_body())
-    name = form.text('name', required=True, max_len=100)
+    name = form.parsed('name', read_name, required=True)
     wallet = form.parsed('walletAddress', read_address, required=True)
     agent_id = form.uuid('agentId')
     owner_id = form.uuid('accountId')

@@ -529,3 +529,99 @@ def test_non_finite_numbers_are_refused_and_lists_stay_strict_json(client, app, 
     assert app.service.db.value('SELECT count(*) FROM agents') == 0
     listed = strict_loads(raw_get(app, '/api/agents'))
     assert listed['total'] == 0
+
+
+# A wallet is locked while the agent holds an open claim or dispute (CONTRACT.md 20) -------------------------
+
+def patch_wallet(client, agent, key, wallet):
+    return client.patch(f'/api/agents/{agent["id"]}', {'walletAddress': wallet}, key=key)
+
+
+def test_an_agent_with_an_open_claim_or_dispute_cannot_change_its_wallet(client, market, app):
+    agent, key = market.agent, market.worker_key
+    before = agent['walletAddress']
+    job = market.job()
+    claim = market.claim(job)
+    new = random_wallet()
+    body = patch_wallet(client, agent, key, new)
+    assert (body.status, body.json['code']) == (409, 'wallet_locked'), body
+    assert 'walletAddress' in body.json['error']
+    # the same wallet (in another letter case) and other fields still change
+    same = patch_wallet(client, agent, key, '0x' + before[2:].upper())
+    assert (same.status, same.json['agent']['walletAddress']) == (200, '0x' + before[2:].upper())
+    named = client.patch(f'/api/agents/{agent["id"]}', {'name': 'renamed'}, key=key)
+    assert (named.status, named.json['agent']['name']) == (200, 'renamed')
+    market.deliver(job, claim)
+    assert patch_wallet(client, agent, key, new).json['code'] == 'wallet_locked'            # delivered
+    dispute = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': claim['id'], 'reason': 'late'},
+                          key=market.requester_key)
+    assert dispute.status == 201, dispute
+    assert patch_wallet(client, agent, key, new).json['code'] == 'wallet_locked'            # disputed
+    stored = app.service.db.value('SELECT wallet_address FROM agents WHERE id = :id', {'id': agent['id']})
+    assert stored == '0x' + before[2:].upper()
+    resolved = client.patch(f'/api/disputes/{dispute.json["dispute"]["id"]}',
+                            {'outcome': 'worker', 'resolution': 'Fine.'}, key=ADMIN_KEY)
+    assert resolved.status == 200, resolved
+    changed = patch_wallet(client, agent, key, new)                                         # nothing open now
+    assert (changed.status, changed.json['agent']['walletAddress']) == (200, new)
+
+
+def test_a_wallet_is_free_again_once_the_claim_ends(client, market):
+    job, claim = market.delivered_job()
+    assert patch_wallet(client, market.agent, market.worker_key, random_wallet()).json['code'] == 'wallet_locked'
+    assert market.verify(job, claim, False).status == 200                                    # rejected: ended
+    new = random_wallet()
+    changed = patch_wallet(client, market.agent, market.worker_key, new)
+    assert (changed.status, changed.json['agent']['walletAddress']) == (200, new)
+
+
+# Names: NFKC, without control, format, private-use or unassigned characters (CONTRACT.md 20) ------------------
+
+@pytest.mark.parametrize('name', [
+    'pay\u200bpal',             # zero-width space (Cf)
+    'admin\u202egnp.exe',       # right-to-left override (Cf)
+    '\u2066bidi\u2069',         # isolates (Cf)
+    'bell\u0007',               # C0 control (Cc)
+    'line\nbreak',              # a newline is a control too
+    'nel\u0085',                # C1 control (Cc)
+    'private\ue000use',         # private use (Co)
+    'unassigned\u0378',         # unassigned (Cn)
+    'soft\u00adhyphen',         # soft hyphen (Cf)
+    '\ufeffbom',                # byte order mark (Cf)
+])
+def test_names_with_invisible_or_unassigned_characters_are_refused(client, owner, app, name):
+    _, key = owner
+    assert_invalid(client.post('/api/agents', agent_body(name=name), key=key), 'name')
+    assert_invalid(client.post('/api/accounts', {'name': name}), 'name')
+    assert_invalid(client.post('/api/arbitrators', {'name': name, 'walletAddress': random_wallet()}, key=ADMIN_KEY),
+                   'name')
+    agent, _ = make_agent(client, key, name='plain')
+    assert_invalid(client.patch(f'/api/agents/{agent["id"]}', {'name': name}, key=key), 'name')
+    assert app.service.db.value("SELECT count(*) FROM accounts WHERE name != 'owner' AND name != 'admin'") == 0
+    assert app.service.db.value('SELECT count(*) FROM arbitrators') == 0
+
+
+@pytest.mark.parametrize('sent, stored', [
+    ('\uff21\uff44\uff4d\uff49\uff4e', 'Admin'),        # fullwidth letters
+    ('\u212bngstr\u00f6m', '\u00c5ngstr\u00f6m'),           # the Angstrom sign is the letter A with a ring
+    ('A\u030angstro\u0308m', '\u00c5ngstr\u00f6m'),         # combining marks composed
+    ('\ufb01le bot', 'file bot'),                         # the fi ligature
+    ('  \u2460 robot  ', '1 robot'),                      # circled digit; spaces trimmed
+    ('Zoë 🤖 agent', 'Zoë 🤖 agent'),                    # emoji and accents stay
+])
+def test_names_are_stored_nfkc_normalised(client, owner, sent, stored):
+    _, key = owner
+    agent = client.post('/api/agents', agent_body(name=sent), key=key)
+    assert (agent.status, agent.json['agent']['name']) == (201, stored), agent
+    account = client.post('/api/accounts', {'name': sent})
+    assert (account.status, account.json['account']['name']) == (201, stored), account
+    arbitrator = client.post('/api/arbitrators', {'name': sent, 'walletAddress': random_wallet()}, key=ADMIN_KEY)
+    assert (arbitrator.status, arbitrator.json['arbitrator']['name']) == (201, stored), arbitrator
+    plain, _ = make_agent(client, key, name='plain')
+    renamed = client.patch(f'/api/agents/{plain["id"]}', {'name': sent}, key=key)
+    assert (renamed.status, renamed.json['agent']['name']) == (200, stored), renamed
+
+
+def test_a_name_is_measured_after_normalising(client, owner):
+    """U+FDFA is one character that NFKC spells in 18: 10 of them are 180 characters, over the limit of 100."""
+    assert_invalid(client.post('/api/agents', agent_body(name='\ufdfa' * 10), key=owner[1]), 'name')
