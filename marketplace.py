@@ -3159,6 +3159,12 @@ def dispute_links(ties):
     return {ties['requester_account'], ties['worker_account']}, wallets
 
 
+def is_linked(arbitrator, links):
+    """The arbitrator's account is a party's, or its wallet is the worker agent's or the funding payer's."""
+    accounts, wallets = links
+    return arbitrator['account_id'] in accounts or arbitrator['wallet_address'].lower() in wallets
+
+
 def draw_panel(db, ties, size):
     """The ids of `size` active arbitrators not linked to a dispute with these party_ties, drawn at random; []
     when fewer are eligible."""

@@ -1186,3 +1186,56 @@ def test_a_farmed_arbitrator_cannot_take_a_strangers_escrow(live_server):
     assert (state['job']['status'], state['job']['escrowStatus']) == ('disputed', 'locked')
     assert [c['status'] for c in state['claims']] == ['disputed']
     assert [(p['type'], p['amount']) for p in state['payments']] == [('escrow', '300.00')]
+
+
+# A dispute is judged on the ties it opened with (CONTRACT.md 20) ----------------------------------------------
+
+def test_a_losing_worker_copying_a_panel_members_wallet_freezes_nothing(market, client, app, monkeypatch):
+    """The attack: the worker puts a panel member's public wallet on its agent, so that the member's vote is
+    refused as a conflict. The PATCH is refused (wallet_locked), and even a wallet changed behind the API's back
+    changes neither who votes nor the outcome: the ties were stored when the dispute opened."""
+    (a, a_key), (b, b_key), (c, c_key) = make_arbitrators(client, 3)
+    monkeypatch.setattr(mp, 'PANEL_DRAW', ChosenPanels([a, b, c]))
+    job, claim, dispute = disputed_job(market)
+    stolen = '0x' + a['walletAddress'][2:].upper()
+    answer = client.patch(f'/api/agents/{market.agent["id"]}', {'walletAddress': stolen}, key=market.worker_key)
+    assert_error(answer, 409, 'wallet_locked')
+    assert get_agent(client, market.agent)['agent']['walletAddress'] == market.agent['walletAddress']
+    app.service.db.execute('UPDATE agents SET wallet_address = :w WHERE id = :id',
+                           {'w': stolen, 'id': market.agent['id']})
+    assert vote(client, dispute, a, a_key, 'requester').status == 201
+    assert vote(client, dispute, b, b_key, 'requester').status == 201
+    last = vote(client, dispute, c, c_key, 'worker')
+    assert (last.status, last.json['resolved'], last.json['outcome']) == (201, True, 'requester')
+    shown = market.get_job(job)
+    assert (shown['job']['status'], shown['job']['escrowStatus']) == ('refunded', 'refunded')
+    assert payments_of(shown) == [('escrow', '25.00', 'escrow'), ('refund', '25.00', market.requester['id'])]
+
+
+def test_a_trusted_arbitrators_decision_stands_whatever_wallet_the_worker_takes_later(market, client, app):
+    [(judge, judge_key)] = make_arbitrators(client, 1, prefix='judge', trusted=True)
+    job, claim, dispute = disputed_job(market)
+    stored = app.service.db.row('''SELECT requester_account, worker_account, worker_wallet, payer_wallet
+                                   FROM disputes WHERE id = :id''', {'id': dispute['id']})
+    assert stored == {'requester_account': market.requester['id'], 'worker_account': market.worker['id'],
+                      'worker_wallet': market.agent['walletAddress'], 'payer_wallet': None}
+    app.service.db.execute('UPDATE agents SET wallet_address = :w WHERE id = :id',
+                           {'w': judge['walletAddress'], 'id': market.agent['id']})
+    answer = resolve(client, dispute, 'requester', key=judge_key)
+    assert (answer.status, answer.json['dispute']['resolvedBy'], answer.json['jobStatus']) == \
+        (200, 'judge 0', 'refunded'), answer
+
+
+def test_a_worker_wallet_linked_when_the_dispute_opened_stays_linked(market, client, app):
+    """The other way round: a trusted arbitrator holding the worker agent's wallet at opening stays in conflict
+    after the agent's wallet changes."""
+    owner, key = make_account(client, 'puppet')
+    linked = register_arbitrator(client, ADMIN_KEY, accountId=owner['id'],
+                                 walletAddress=market.agent['walletAddress']).json['arbitrator']
+    set_arbitrator(client, linked, status='active', trusted=True)
+    job, claim, dispute = disputed_job(market)
+    app.service.db.execute('UPDATE agents SET wallet_address = :w WHERE id = :id',
+                           {'w': random_wallet(), 'id': market.agent['id']})
+    assert_error(resolve(client, dispute, 'worker', key=key), 403, 'conflict_of_interest')
+    app.service.db.execute('UPDATE agents SET wallet_address = :w WHERE id = :id',
+                           {'w': market.agent['walletAddress'], 'id': market.agent['id']})
