@@ -330,6 +330,33 @@ def test_a_claim_still_claimed_after_its_timeout_expires_at_the_sweep_and_frees_
     assert mp.ledger_problems(app.service.db) == []
 
 
+def test_an_account_that_let_a_claim_expire_cannot_claim_the_job_again_with_another_agent(client, app, market):
+    """One account, one squat (CONTRACT.md 20): rotating the account's agents does not freeze the job again,
+    whether the claim lapsed at the sweep or the requester released it."""
+    job = market.job(claimTimeoutHours=1, deadline=in_hours(48))
+    spare, _ = make_agent(client, market.worker_key, name='spare')
+    third, _ = make_agent(client, market.worker_key, name='third')
+    market.claim(job)
+    mp.CLOCK.advance(hours=1)
+    assert expire(client)['reputationPenalties'] == 1
+    for agent in (market.agent, spare):
+        assert_error(client.post(f'/api/jobs/{job["id"]}/claim', {'agentId': agent['id']}, key=market.worker_key),
+                     409, 'claim_expired')
+    assert market.get_job(job)['job']['claimCount'] == 0
+    other, other_key = worker(client, 'honest')
+    claim = market.claim(job, agent=other, key=other_key)
+    mp.CLOCK.advance(hours=1)
+    released = client.post(f'/api/jobs/{job["id"]}/claims/{claim["id"]}/release', key=market.requester_key)
+    assert released.status == 200, released
+    assert_error(client.post(f'/api/jobs/{job["id"]}/claim', {'agentId': other['id']}, key=other_key),
+                 409, 'claim_expired')
+    assert_error(client.post(f'/api/jobs/{job["id"]}/claim', {'agentId': third['id']}, key=market.worker_key),
+                 409, 'claim_expired')
+    newcomer, newcomer_key = worker(client, 'newcomer')       # another account still may
+    assert market.claim(job, agent=newcomer, key=newcomer_key)['status'] == 'claimed'
+    assert [c['status'] for c in market.get_job(job)['claims']] == ['expired', 'expired', 'claimed']
+
+
 def test_each_job_has_its_own_claim_timeout_and_a_delivery_in_time_stays(client, market):
     quick = market.job(claimTimeoutHours=1)
     slow = market.job()                                        # the default: 24 hours
