@@ -1840,18 +1840,37 @@ def read_url(value):
     return value.strip()
 
 
-NAT64_PREFIX = ipaddress.ip_network('64:ff9b::/96')
+# IPv6 forms that carry an IPv4 address in their last 32 bits: IPv4-compatible (::a.b.c.d, which :: and ::1 are
+# not), IPv4-mapped, IPv4-translated (RFC 2765) and the well-known NAT64 prefix (RFC 6052).
+IPV4_IN_LAST_32 = [ipaddress.ip_network(net) for net in ('::/96', '::ffff:0:0/96', '::ffff:0:0:0/96', '64:ff9b::/96')]
+LOCAL_NAT64 = ipaddress.ip_network('64:ff9b:1::/48')    # RFC 8215: its IPv4 sits where the operator's prefix puts it
+
+
+def embedded_ipv4(ip):
+    """The IPv4 addresses an IPv6 address stands for (CONTRACT.md 20): the one in its last 32 bits for the forms of
+    IPV4_IN_LAST_32; under the local-use NAT64 prefix, the one at each place RFC 6052 allows for a prefix of /48,
+    /56, /64 or /96; the 6to4 and Teredo client addresses. [] for any other address."""
+    value = int(ip)
+    if any(ip in net for net in IPV4_IN_LAST_32) and value > 1:
+        return [ipaddress.IPv4Address(value & 0xFFFFFFFF)]
+    if ip in LOCAL_NAT64:       # RFC 6052 2.2: bits 64-71 are zero; the IPv4 address is split around them
+        at_48 = (value >> 64 & 0xFFFF) << 16 | (value >> 40 & 0xFFFF)
+        at_56 = (value >> 64 & 0xFF) << 24 | (value >> 32 & 0xFFFFFF)
+        at_64 = value >> 24 & 0xFFFFFFFF
+        return [ipaddress.IPv4Address(bits) for bits in (at_48, at_56, at_64, value & 0xFFFFFFFF)]
+    return [found for found in (ip.sixtofour, ip.teredo and ip.teredo[1]) if found]
 
 
 def is_public_address(address):
-    """Is an IP address one a webhook may reach (not loopback, private, link-local, multicast, reserved)?"""
+    """Is an IP address one a webhook may reach (not loopback, private, link-local, multicast, reserved)? An IPv6
+    address that carries an IPv4 address is judged by that address (by every one it may stand for)."""
     ip = ipaddress.ip_address(address.split('%')[0])
     if ip.version == 6:
-        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo and ip.teredo[1])
-        if ip in NAT64_PREFIX:
-            embedded = ipaddress.ip_address(int(ip) & 0xFFFFFFFF)
-        if embedded:                    # an IPv4 address inside an IPv6 one is judged as itself
-            return is_public_address(str(embedded)) and ip.is_global
+        embedded = embedded_ipv4(ip)
+        if embedded:
+            public = all(is_public_address(str(inner)) for inner in embedded)
+            # 6to4 and Teredo are judged as themselves too; the translation forms only by what they carry
+            return public and (ip.is_global or not (ip.sixtofour or ip.teredo))
     return ip.is_global and not ip.is_multicast
 
 

@@ -832,6 +832,34 @@ def test_is_public_address(address, public):
     assert mp.is_public_address(address) is public
 
 
+# IPv6 forms that embed an IPv4 address are judged by that address (CONTRACT.md 20).
+EMBEDDED_PRIVATE = [
+    '::127.0.0.1', '::10.0.0.1', '::169.254.169.254', '::7f00:1',              # IPv4-compatible
+    '::ffff:0:127.0.0.1', '::ffff:0:10.1.2.3', '::ffff:0:a9fe:a9fe',            # IPv4-translated
+    '64:ff9b::127.0.0.1', '64:ff9b::10.0.0.1', '64:ff9b::a9fe:a9fe',           # NAT64, well-known prefix
+    '64:ff9b:1::127.0.0.1', '64:ff9b:1::10.0.0.1',                             # NAT64, local-use /48 (as /96)
+    '64:ff9b:1:7f00:0:1::', '64:ff9b:1:a:a9:fea9:fe00:0',                      # ... and as /48 and /64
+]
+
+
+@pytest.mark.parametrize('address, public', [(address, False) for address in EMBEDDED_PRIVATE] + [
+    ('::8.8.8.8', True), ('::ffff:0:8.8.8.8', True), ('64:ff9b::8.8.8.8', True), ('::ffff:8.8.8.8', True),
+    ('64:ff9b:1::8.8.8.8', False),           # local-use NAT64: every place RFC 6052 allows must hold a public one
+])
+def test_ipv6_forms_embedding_ipv4_are_judged_by_the_ipv4_address(address, public):
+    assert mp.is_public_address(address) is public
+
+
+@pytest.mark.parametrize('address', ['::127.0.0.1', '::ffff:0:127.0.0.1', '64:ff9b:1::127.0.0.1'])
+def test_webhook_urls_hiding_loopback_in_ipv6_are_refused(strict, address):
+    app, client, key = strict
+    answer = client.post('/api/agents', {'name': 'a', 'walletAddress': '0x' + '1' * 40,
+                                         'webhookUrl': f'http://[{address}]/h'}, key=key)
+    body = assert_error(answer, 400, 'validation_failed', fields=['webhookUrl'])
+    assert 'loopback, private, link-local or multicast' in body['fields']['webhookUrl']
+    assert app.service.db.value('SELECT count(*) FROM agents') == 0
+
+
 # GET /api/agents/:id/webhooks -------------------------------------------------------------
 
 def test_delivery_log_for_the_owner_and_admins(client, app, requester, hooked, receiver):
