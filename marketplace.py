@@ -8402,7 +8402,10 @@ def send_writes_to_primary(app):
     if not primary:
         error = ReadOnlyReplica()
         raise bottle.HTTPResponse(json_bytes(error.body()), error.status, {'Content-Type': JSON_TYPE})
+    # The request path always starts with '/' here: a request line's target need not (`POST .evil.example/x`,
+    # `POST @evil.example/x`), and glued to the primary's URL it would name another host (CONTRACT.md 20).
     path = quote(request.environ['PATH_INFO'].encode('latin-1'), safe="/:@!$&'()*+,;=-._~")
+    path = path if path.startswith('/') else '/' + path
     location = primary.rstrip('/') + path + ('?' + request.query_string if request.query_string else '')
     raise bottle.HTTPResponse(json_bytes({'primary': location}), 307,
                               {'Location': location, 'Content-Type': JSON_TYPE})

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import uuid
 
 import pytest
@@ -188,6 +189,15 @@ def test_a_replica_never_answers_a_write_itself(cluster):
                 assert (answer.status_code, answer.headers.get('Location')) == (307, primary.url + path), path
             else:
                 assert (answer.status_code, answer.json()['code']) == (503, 'read_only'), path
+    # A request target without its leading '/' (a raw request line) is still a path on the primary: glued to its URL
+    # as it came, '@evil.example/...' would have named another host (CONTRACT.md 20).
+    for target in ('@evil.example/api/jobs', '.evil.example/api/jobs'):
+        with socket.create_connection(('127.0.0.1', forwarding.port), timeout=TIMEOUT) as sock:
+            sock.sendall(f'POST {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n'
+                         'Connection: close\r\n\r\n'.encode())
+            head = sock.makefile('rb').read().split(b'\r\n\r\n')[0].decode('latin-1')
+        assert head.startswith('HTTP/1.1 307 '), head
+        assert f'\r\nLocation: {primary.url}/{target}\r\n' in head, head
     assert call(primary, 'GET', '/api/stats') == stats
     # The replicas read the replica in place: no file of theirs, the primary's alone.
     assert [path.name for path in directory.iterdir() if 'primary.db' not in path.name] == []
@@ -311,3 +321,17 @@ def test_a_replica_restarted_while_the_primary_writes_catches_up(cluster, s3):  
     finally:
         if restarted is not None:
             stop(restarted)
+
+
+@pytest.mark.parametrize('target', ['/api/jobs', '@evil.example/api/jobs', '.evil.example/api/jobs',
+                                    'http://evil.example/api/jobs', '//evil.example/api/jobs'])
+def test_a_replicas_location_is_the_primary_url_and_a_path_starting_with_a_slash(target):
+    """Unit level (no cluster): send_writes_to_primary as a replica's before-request hook runs it."""
+    app = types.SimpleNamespace(service=types.SimpleNamespace(
+        x402=None, settings=types.SimpleNamespace(primary_url='https://primary.test/')))
+    mp.request.bind({'REQUEST_METHOD': 'POST', 'PATH_INFO': target, 'QUERY_STRING': 'a=1'})
+    with pytest.raises(mp.bottle.HTTPResponse) as raised:
+        mp.send_writes_to_primary(app)
+    path = target if target.startswith('/') else '/' + target
+    assert (raised.value.status_code, raised.value.headers['Location']) == (307, f'https://primary.test{path}?a=1')
+    assert json.loads(raised.value.body) == {'primary': f'https://primary.test{path}?a=1'}
