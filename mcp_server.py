@@ -104,6 +104,11 @@ class MarketplaceAPI:
             data = answer.json()
         except ValueError:
             data = None
+        if 300 <= answer.status_code < 400:     # never followed: a replica's URL is no place for writes
+            primary = answer.headers.get('Location') or (isinstance(data, dict) and data.get('primary')) or 'elsewhere'
+            raise APIFailure(f'The marketplace service at {self.url} answered HTTP {answer.status_code}: it sends this '
+                             f'call to {primary} (a read replica sends writes to its primary). Nothing was done; '
+                             'start this MCP server with --url naming the primary.', answer.status_code, 'redirect')
         if answer.status_code >= 400:
             raise APIFailure.from_answer(answer.status_code, data, self.url)
         if not isinstance(data, dict):

@@ -4,8 +4,10 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import anyio.from_thread
 import pytest
@@ -370,3 +372,51 @@ def test_the_server_exits_0_when_its_stdin_closes():
         if process.poll() is None:
             process.kill()
             process.wait(10)
+
+
+def test_a_redirect_is_a_tool_error_naming_the_primary_and_is_not_followed(portal):
+    """A read replica answers a write 307 to its primary: the tool fails saying so (CONTRACT.md 20), never reports
+    the 307's body as a success, and does not follow it."""
+    hits = []
+
+    class Replica(BaseHTTPRequestHandler):
+        def answer(self):
+            hits.append((self.server.name, self.command, self.path))
+            length = int(self.headers.get('Content-Length') or 0)
+            self.rfile.read(length)
+            location = f'{primary_url}{self.path}'
+            body = json.dumps({'primary': location}).encode()
+            self.send_response(307 if self.server.name == 'replica' else 200)
+            self.send_header('Location', location)
+            self.send_header('Content-Type', 'application/json')
+            self.send_header('Content-Length', str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = answer
+
+        def log_message(self, *args):
+            pass
+
+    servers = []
+    for name in ('primary', 'replica'):
+        server = ThreadingHTTPServer(('127.0.0.1', 0), Replica)
+        server.name = name
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    primary_url, replica_url = (f'http://127.0.0.1:{server.server_address[1]}' for server in servers)
+    try:
+        with in_process(portal, replica_url, 'key') as client:
+            session = Session(portal, client)
+            posted = session.call('post_job', **job_arguments())
+            listed = session.call('list_jobs', status='open')
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+    for answer, path in ((posted, '/api/jobs'), (listed, '/api/jobs?status=open&sort=newest&limit=50&offset=0')):
+        assert answer.is_error is True and answer.structured_content is None, answer
+        text = answer.content[0].text
+        assert f'answered HTTP 307: it sends this call to {primary_url}{path}' in text, text
+        assert 'naming the primary' in text
+    assert [(name, method) for name, method, _ in hits] == [('replica', 'POST'), ('replica', 'GET')]
