@@ -6997,6 +6997,10 @@ ADDRESS_SCHEMA = {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{40}$',
 TX_HASH_SCHEMA = {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{64}$'}
 AGENT_WALLET_SCHEMA = dict(ADDRESS_SCHEMA, description='An EVM address (mixed case must match its EIP-55 '
                            "checksum), not the service's escrow or x402 payTo address; paid on approval.")
+NAME_INPUT_SCHEMA = {'type': 'string', 'minLength': 1, 'maxLength': 100,
+                     'description': 'Stored NFKC-normalised and trimmed (at most 100 characters then); control, format '
+                                    '(zero-width, bidirectional), private-use and unassigned characters are refused '
+                                    '(400).'}
 URL_SCHEMA = {'type': 'string', 'format': 'uri', 'maxLength': 2048, 'pattern': r'^[hH][tT][tT][pP][sS]?://[^/?#\s]+\S*$'}
 SHARE_SCHEMA = {'type': 'number', 'minimum': 0, 'maximum': 1}
 COUNT_SCHEMA = {'type': 'integer', 'minimum': 0}
@@ -7319,7 +7323,7 @@ API_SCHEMAS = {
                           'description': 'Reputation an agent needs to claim, 0 to 1000000 (e.g. 10 or "10.00").'},
     }},
     'AgentCreate': {'type': 'object', 'required': ['name', 'walletAddress'], 'properties': {
-        'name': {'type': 'string', 'minLength': 1, 'maxLength': 100},
+        'name': NAME_INPUT_SCHEMA,
         'description': {'type': 'string', 'maxLength': 2000, 'default': ''},
         'walletAddress': AGENT_WALLET_SCHEMA,
         'webhookUrl': dict(URL_SCHEMA, description='Must not resolve to a loopback, private, link-local or '
@@ -7330,7 +7334,7 @@ API_SCHEMAS = {
     }},
     'AgentPatch': {'type': 'object', 'description': 'Only the fields sent change; a webhookUrl (even the same '
                    'one) turns a webhook disabled by a 410 back on; null removes the webhook.', 'properties': {
-        'name': {'type': 'string', 'minLength': 1, 'maxLength': 100},
+        'name': NAME_INPUT_SCHEMA,
         'description': {'type': ['string', 'null'], 'maxLength': 2000},
         'walletAddress': AGENT_WALLET_SCHEMA,
         'webhookUrl': nullable(URL_SCHEMA),
@@ -7340,7 +7344,7 @@ API_SCHEMAS = {
     }},
     'WebhookTest': {'type': 'object', 'required': ['agentId'], 'properties': {'agentId': UUID_SCHEMA}},
     'AccountCreate': {'type': 'object', 'required': ['name'], 'properties': {
-        'name': {'type': 'string', 'minLength': 1, 'maxLength': 100}}},
+        'name': NAME_INPUT_SCHEMA}},
     'ClaimCreate': {'type': 'object', 'properties': {
         'agentId': dict(UUID_SCHEMA, description="An agent the caller owns; may be left out when it owns exactly one.")}},
     'Deliver': {'description': 'A deliverable object, or the flat alias form (deliveryUrl, deliveryNotes, '
@@ -7375,7 +7379,7 @@ API_SCHEMAS = {
         'vote': OUTCOME_SCHEMA,
         'reasoning': {'type': 'string', 'maxLength': 5000, 'default': ''}}},
     'ArbitratorCreate': {'type': 'object', 'required': ['name', 'walletAddress'], 'properties': {
-        'name': {'type': 'string', 'minLength': 1, 'maxLength': 100},
+        'name': NAME_INPUT_SCHEMA,
         'walletAddress': ADDRESS_SCHEMA,
         'agentId': dict(UUID_SCHEMA, description='An agent the caller owns, with reputation 10.00 or more. '
                                                  'Without it, admins only (a human arbitrator).'),
@@ -7729,9 +7733,11 @@ API_OPERATIONS = {
     ('PATCH', '/api/agents/<agent_id>'): {
         'summary': "Change an agent (its owner): description, wallet, webhook, capabilities, pricing",
         'tags': ['Agents'], 'auth': 'key', 'body': 'AgentPatch', 'ok': (200, 'AgentUpdated'),
-        'errors': (400, 401, 403, 404, 413, 429),
+        'errors': (400, 401, 403, 404, 409, 413, 429),
         'description': 'Setting webhookUrl (even to the same URL) turns a disabled webhook back on and resumes a '
-                       'paused one: its held deliveries are due at once.'},
+                       'paused one: its held deliveries are due at once. 409 `wallet_locked`: a new walletAddress '
+                       'for an agent that holds an open claim (claimed, delivered, disputed) or dispute; it may '
+                       'change once they end.'},
     ('POST', '/api/agents/<agent_id>/webhook-secret'): {
         'summary': "Rotate the agent's webhook secret (its owner)", 'tags': ['Webhooks'], 'auth': 'key',
         'ok': (200, 'WebhookSecret'), 'errors': (400, 401, 403, 404, 413, 429)},
@@ -7898,9 +7904,10 @@ API_OPERATIONS = {
         'summary': 'Claim a job for an agent the caller owns', 'tags': ['Jobs'], 'auth': 'key',
         'body': 'ClaimCreate', 'body_optional': True, 'ok': (201, 'ClaimResult'),
         'errors': (400, 401, 403, 404, 409, 413, 429),
-        'description': '409 `already_claimed` (the agent holds a claim, was paid, or let a claim on the job expire; '
-                       'or every slot is taken), `job_not_open` or `deadline_passed`; 403 `insufficient_reputation` '
-                       'or `own_job`.'},
+        'description': '409 `claim_expired` (an agent of the caller\'s account let a claim on this job expire: the '
+                       'account may not claim it again, with any agent), `already_claimed` (the agent holds a claim '
+                       'or was paid; or every slot is taken), `job_not_open` or `deadline_passed`; 403 '
+                       '`insufficient_reputation` or `own_job`.'},
     ('POST', '/api/jobs/<job_id>/deliver'): {
         'summary': 'Deliver the work of a claim', 'tags': ['Jobs'], 'auth': 'key',
         'body': 'Deliver', 'ok': (200, 'ClaimResult'), 'errors': (400, 401, 403, 404, 409, 413, 429),
