@@ -648,7 +648,10 @@ def test_a_version_5_database_keeps_the_hashes_of_its_signed_payouts(tmp_path):
                            DROP TRIGGER x402_payments_signed; DROP TRIGGER x402_payments_resigned;
                            DROP TABLE signed_transactions; DROP TABLE webhook_events;
                            DROP INDEX webhook_deliveries_pending; ALTER TABLE agents DROP COLUMN webhook_failures;
-                           ALTER TABLE agents DROP COLUMN webhook_paused_at; PRAGMA user_version = 5;''')
+                           ALTER TABLE agents DROP COLUMN webhook_paused_at;
+                           ALTER TABLE disputes DROP COLUMN requester_account; ALTER TABLE disputes DROP COLUMN
+                           worker_account; ALTER TABLE disputes DROP COLUMN worker_wallet; ALTER TABLE disputes
+                           DROP COLUMN payer_wallet; PRAGMA user_version = 5;''')
         db.insert('payments', {'id': 'p1', 'job_id': job, 'type': 'refund', 'amount': 0, 'currency': 'USDC',
                                'rail': 'base', 'status': 'pending', 'recipient': '0x' + '1' * 40,
                                'tx_hash': '0x' + 'ab' * 32, 'raw_tx': '0x02f8', 'nonce': 4,
