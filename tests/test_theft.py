@@ -142,6 +142,41 @@ def test_a_farmed_arbitrator_cannot_release_a_strangers_escrow_on_chain(anvil, u
     assert ledger_of(db) == []
 
 
+def test_a_losing_worker_cannot_freeze_its_dispute_with_a_panel_members_wallet(anvil, usdc, tmp_path):
+    """Round 3 (CONTRACT.md 20): the worker copied the public wallet of its dispute's only panel member, a trusted
+    arbitrator, onto its agent, and that member's vote and decision were refused as a conflict: the victim's
+    10 USDC stayed locked for ever. Now the wallet is locked under the dispute, and the ties it opened with hold."""
+    db = tmp_path / 'm.db'
+    with onchain_server(db, anvil, '--required-votes', '1') as server:
+        admin = Caller(server, ADMIN_KEY)
+        judge, _ = register(server, 'judge')
+        judge_wallet = Account.create().address
+        arbitrator = admin.ok('POST', '/api/arbitrators', {'name': 'Judge', 'walletAddress': judge_wallet,
+                                                           'accountId': judge.account}, 201)['arbitrator']
+        admin.ok('PATCH', f'/api/arbitrators/{arbitrator["id"]}', {'status': 'active', 'trusted': True})
+        victim, _ = register(server, 'victim')
+        thief, thief_agent = register(server, 'thief', Account.create().address)
+        job = funded_job(anvil, victim, VICTIM_KEY, 10_000_000)
+        claim = claim_and_deliver(thief, thief_agent, job)
+        dispute = victim.ok('POST', f'/api/jobs/{job["id"]}/dispute',
+                            {'claimId': claim['id'], 'reason': 'This is not the work.'}, 201)['dispute']
+        assert dispute['panel'] == [arbitrator['id']]
+
+        assert_refused(thief.call('PATCH', f'/api/agents/{thief_agent["id"]}', {'walletAddress': judge_wallet}),
+                       409, 'wallet_locked')
+        assert thief.ok('GET', f'/api/agents/{thief_agent["id"]}')['agent']['walletAddress'] == \
+            thief_agent['walletAddress']
+        voted = judge.ok('POST', f'/api/disputes/{dispute["id"]}/vote',
+                         {'arbitratorId': arbitrator['id'], 'vote': 'requester', 'reasoning': 'Junk.'}, 201)
+        assert (voted['resolved'], voted['outcome']) == (True, 'requester')
+        wait_for_balance(anvil, VICTIM, 10_000_000)         # refunded on chain to the wallet that funded it
+        detail = Caller(server).ok('GET', f'/api/jobs/{job["id"]}')
+        assert (detail['job']['status'], detail['job']['escrowStatus']) == ('refunded', 'refunded')
+        assert [payment['type'] for payment in detail['payments']] == ['escrow', 'refund']
+        assert server.terminate() == 0
+    assert ledger_of(db) == []
+
+
 # 3. A deposit burnt as an x402 proof; x402 prices avoided with a free key or an alias ---------------------
 
 def test_x402_takes_no_deposit_and_binds_member_keys_and_aliases(anvil, usdc, tmp_path):
