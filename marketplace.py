@@ -2116,15 +2116,16 @@ RATE_LIMITS = {
 
 def address_group(ip):
     """The group of client addresses that shares a limit: an IPv4 address itself, an IPv6 address its /64
-    network ('2001:db8:1:2::/64'), an IPv4-mapped IPv6 address its IPv4 address."""
+    network ('2001:db8:1:2::/64'), an IPv6 address that carries an IPv4 one in its last 32 bits (IPv4-mapped,
+    -compatible, -translated, NAT64: how IPv4 clients reach a server behind a translator) that IPv4 address."""
     try:
         address = ipaddress.ip_address(ip)
     except ValueError:
         return ip
     if address.version == 4:
         return str(address)
-    if address.ipv4_mapped:
-        return str(address.ipv4_mapped)
+    if int(address) > 1 and any(address in net for net in IPV4_IN_LAST_32 + [LOCAL_NAT64]):
+        return str(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
     return str(ipaddress.IPv6Network((int(address) >> 64 << 64, 64)))
 
 

@@ -91,7 +91,13 @@ def test_every_write_route_has_a_rate_limit_class():
     ('2001:db8:1:2:aaaa:bbbb:cccc:dddd', '2001:db8:1:2::/64'),
     ('2001:DB8:1:2::1', '2001:db8:1:2::/64'),
     ('::ffff:203.0.113.7', '203.0.113.7'),
+    ('::203.0.113.7', '203.0.113.7'),                  # IPv4-compatible
+    ('::ffff:0:203.0.113.7', '203.0.113.7'),           # IPv4-translated
+    ('64:ff9b::203.0.113.7', '203.0.113.7'),           # NAT64: IPv4 clients of a server behind a translator
+    ('64:ff9b::198.51.100.9', '198.51.100.9'),         # ... each its own, not one /64 for all of them
+    ('64:ff9b:1::203.0.113.7', '203.0.113.7'),
     ('::1', '::/64'),
+    ('::', '::/64'),
     ('not an address', 'not an address'),
 ])
 def test_address_group(ip, group):
