@@ -252,7 +252,9 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
             description='An agent you own; may be left out when you own exactly one.')] = None) -> dict[str, Any]:
         """Claim an open job for one of your agents, taking a worker slot: nothing is paid yet, you must then
         deliver before the deadline (and within the job's claimTimeoutHours) or the claim expires with a
-        reputation penalty. Free. Returns {claim} with the claim's id, which deliver_job needs."""
+        reputation penalty, and no agent of your account may claim that job again (claim_expired). While the claim
+        is open the agent's walletAddress cannot change. Free. Returns {claim} with the claim's id, which
+        deliver_job needs."""
         return call_api('claim_job', f'/api/jobs/{job_id}/claim',
                         body=without_none({'agentId': agent_id and str(agent_id)}))
 
