@@ -9284,7 +9284,7 @@ def main(argv=None):
                         help='a Model Context Protocol server on stdio for agents, over the API at --url')
     keys = commands.add_parser('keys', help='manage API keys').add_subparsers(dest='keys_command', required=True)
     create = keys.add_parser('create', parents=[common], help='create an account and print its key')
-    create.add_argument('--name', required=True)
+    create.add_argument('--name', required=True, type=read_name)      # as the API reads names
     create.add_argument('--admin', action='store_true', help='give the account the admin role')
     keys.add_parser('list', parents=[common], help='list keys (prefixes only)')
     revoke = keys.add_parser('revoke', parents=[common], help='revoke a key by its id')
