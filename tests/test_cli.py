@@ -186,6 +186,19 @@ def test_keys_in_process(db_path, capsys):
     assert capsys.readouterr().out.strip() == 'no live key has that id'
 
 
+def test_keys_create_reads_the_name_as_the_api_does(db_path, capsys):
+    """NFKC-normalised; a name with an invisible character is refused (exit 2) and nothing is made."""
+    assert mp.main(['keys', 'create', '--name', '\uff2f\uff50\uff53', '--db', str(db_path)]) == 0
+    assert re.fullmatch(r'account [0-9a-f-]{36} \(member\) Ops', capsys.readouterr().out.splitlines()[0])
+    with pytest.raises(SystemExit) as exited:
+        mp.main(['keys', 'create', '--name', 'pay\u200bpal', '--db', str(db_path)])
+    assert exited.value.code == 2
+    assert 'argument --name' in capsys.readouterr().err
+    db = mp.Database(db_path)
+    assert db.value('SELECT count(*) FROM accounts') == 1
+    db.close()
+
+
 def test_a_new_marketplace_admin_key_revokes_the_old_one_at_start(db_path):
     """MARKETPLACE_ADMIN_KEY=A, then B: A is revoked when B starts (here `sweep`, which starts the service as
     `serve` does); starting with A again is refused."""
