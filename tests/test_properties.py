@@ -546,6 +546,30 @@ class MarketMachine(RuleBasedStateMachine):
         if answer.status == 200:
             assert (answer.json['job']['status'], answer.json['job']['escrowStatus']) == ('cancelled', 'refunded')
 
+    @rule(worker=st.integers(0, N_WORKERS - 1))
+    def change_wallet(self, worker):
+        """A worker moves its agent to a new wallet: refused (409 wallet_locked) while the agent holds an open claim
+        or dispute (section 20), so a dispute is judged on the wallet it opened with."""
+        agent, key = self.workers[worker]
+        held = self.db.value('''SELECT count(*) FROM claims c WHERE c.agent_id = :id AND (c.status IN
+                                    ('claimed', 'delivered', 'disputed') OR EXISTS (SELECT 1 FROM disputes d
+                                    WHERE d.claim_id = c.id AND d.status = 'open'))''', {'id': agent['id']})
+        note(f'worker {worker} changes its wallet ({held} open claim(s))')
+        answer = self.call('PATCH', f'/api/agents/{agent["id"]}', {'walletAddress': random_wallet()}, key=key,
+                           expected=not held)
+        if answer.status != 200:
+            assert (answer.status, answer.json['code']) == (409, 'wallet_locked'), answer
+
+    @invariant()
+    def open_disputes_keep_their_ties(self):
+        """Section 20: an open dispute's stored parties are those of its job and claim, the worker's wallet included."""
+        for row in self.db.rows('''SELECT d.id, d.requester_account, d.worker_account, d.worker_wallet, d.payer_wallet,
+                                          j.requester_id, j.refund_address, a.account_id, a.wallet_address
+                                   FROM disputes d JOIN jobs j ON j.id = d.job_id JOIN claims c ON c.id = d.claim_id
+                                   JOIN agents a ON a.id = c.agent_id WHERE d.status = 'open' '''):
+            assert (row['requester_account'], row['worker_account'], row['worker_wallet'], row['payer_wallet']) == \
+                (row['requester_id'], row['account_id'], row['wallet_address'], row['refund_address']), row
+
     @precondition(lambda self: self.job_ids)
     @rule(data=st.data(), action=st.sampled_from(['expire', 'auto-verify', 'wait']))
     def time_passes(self, data, action):
