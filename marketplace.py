@@ -6533,8 +6533,9 @@ def cookie_name(name):
 
 def set_private_cookie(name, value, max_age=None):
     """An HttpOnly, SameSite=Lax cookie for the whole site (no Domain), Secure and `__Host-` over HTTPS."""
-    response.set_cookie(cookie_name(name), value, max_age=max_age, path='/', httponly=True, samesite='lax',
-                        secure=https_request())
+    lifetime = {} if max_age is None else {'max_age': max_age}      # bottle would write "Max-Age=None"
+    response.set_cookie(cookie_name(name), value, path='/', httponly=True, samesite='lax', secure=https_request(),
+                        **lifetime)
 
 
 def private_cookie(name):
