@@ -6662,7 +6662,9 @@ def require_viewer():
 
 def csrf_secret(create=False):
     """What this browser's CSRF tokens are bound to: its session id, or before sign-in the form cookie (made when
-    `create`, for a page that shows a form)."""
+    `create`, for a page that shows a form) and the client's address group. A form cookie and token that an
+    attacker got on its own visit and planted in a victim's browser are then worth nothing from the victim's
+    address, even from a browser that sends no Origin (refuse_cross_site stops the others)."""
     token, _ = session_viewer()
     if token:
         return token
@@ -6671,7 +6673,7 @@ def csrf_secret(create=False):
         secret = secrets.token_urlsafe(32)
         set_private_cookie(FORM_COOKIE, secret)
     request.environ['marketplace.form_secret'] = secret
-    return secret
+    return secret and f'{secret} {address_group(client_ip())}'
 
 
 def csrf_for(secret):

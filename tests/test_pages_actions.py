@@ -504,3 +504,29 @@ def test_signin_and_signup_have_a_rate_limit_class_of_their_own(tmp_path):
         assert browser.get('/signin').status == 200          # the pages' own class is not spent
     finally:
         app.service.close()
+
+
+def test_a_planted_form_cookie_is_worth_nothing_from_another_address_even_without_origin(tmp_path):
+    """A browser that sends neither Origin nor Sec-Fetch-Site: the sign-in token is bound to the client's address
+    as well as to the form cookie, so the attacker's pair does not validate from the victim's address."""
+    settings = mp.Settings(db=str(tmp_path / 'addr.db'), rate_limits='off', trust_proxy=True)
+    app = mp.make_app(settings)
+    try:
+        attacker = Browser(app)
+        _, attacker_key = sign_up(attacker, 'Mallory')
+        fresh = Browser(app)
+        page = fresh.request('GET', '/signin', headers={'X-Forwarded-For': '203.0.113.66'})
+        token = next(f for f in Page(page).find_all('form') if f.attrs.get('action') == '/signin')
+        token = next(i.attrs['value'] for i in token.find_all('input') if i.attrs.get('name') == 'csrf')
+        victim = Browser(app)
+        victim.cookies['mk_form'] = fresh.cookies['mk_form']
+        answer = victim.request('POST', '/signin', {'csrf': token, 'apiKey': attacker_key},
+                                headers={'X-Forwarded-For': '198.51.100.7'})
+        assert answer.status == 403
+        assert 'mk_session' not in victim.cookies
+        same = fresh.request('POST', '/signin', {'csrf': token, 'apiKey': attacker_key},       # its own address
+                             headers={'X-Forwarded-For': '203.0.113.66'})
+        assert same.status == 303
+        assert app.service.db.value('SELECT count(*) FROM sessions') == 2
+    finally:
+        app.service.close()
