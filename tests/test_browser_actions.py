@@ -1,8 +1,9 @@
 """People acting in the browser, in Chromium (Playwright, as tests/test_pages_browser.py): a whole job's life by
 clicks (sign up, post, a second browser context as the worker, review, approve, the payment on the job page), a
 rejected delivery, a dispute opened from the page, a USD job through the fake Stripe Checkout, CSRF refused, a
-planted form cookie's login CSRF refused, a double submit posting one job, user text escaped, and the same post-and-approve flow without JavaScript. One
-server (and one with the fake Stripe) and one browser for the module. Only 127.0.0.1."""
+planted form cookie's login CSRF refused, a double submit posting one job, user text escaped, and the same
+post-and-approve flow without JavaScript. One server (and one with the fake Stripe) and one browser for the
+module. Only 127.0.0.1."""
 
 import re
 import threading

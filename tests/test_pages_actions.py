@@ -468,7 +468,8 @@ def test_no_redirect_is_built_from_a_forged_host(app, client, browser):
     assert seen == [('/my/jobs', 'http://market.test/signin'), ('/signin', 'http://market.test/my/jobs'),
                     ('/jobs/new', f'http://market.test/jobs/{job_id}'),
                     (f'/jobs/{job_id}/pay', f'http://market.test/jobs/{job_id}'),
-                    (f'/jobs/{job_id}/cancel', f'http://market.test/jobs/{job_id}'), ('/signout', 'http://market.test/')]
+                    (f'/jobs/{job_id}/cancel', f'http://market.test/jobs/{job_id}'),
+                    ('/signout', 'http://market.test/')]
 
 
 def test_without_a_public_url_redirects_are_relative(tmp_path):
