@@ -579,20 +579,47 @@ MIGRATIONS = {
     },
     7: {},      # idempotency keys (CONTRACT 14): schema.sql adds idempotency_keys, nothing else changes
     8: {},      # browser sessions (issue 23): schema.sql adds sessions, nothing else changes
-    9: {        # round 3 (CONTRACT 20): a dispute stores its parties' accounts and wallets when it opens; those of
-                # the disputes already there are taken as they are now (wallets cannot change under an open dispute
-                # from this version on)
-        'before': '''
-            ALTER TABLE disputes ADD COLUMN requester_account TEXT;
-            ALTER TABLE disputes ADD COLUMN worker_account TEXT;
-            ALTER TABLE disputes ADD COLUMN worker_wallet TEXT;
-            ALTER TABLE disputes ADD COLUMN payer_wallet TEXT;
-            UPDATE disputes SET (requester_account, worker_account, worker_wallet, payer_wallet) =
-                (SELECT j.requester_id, a.account_id, a.wallet_address, j.refund_address
-                 FROM claims c JOIN jobs j ON j.id = c.job_id JOIN agents a ON a.id = c.agent_id
-                 WHERE c.id = disputes.claim_id);''',
+    9: {        # round 3 (CONTRACT 20): see migrate_to_9; the admins of retired env keys become members
+        'before': migrate_to_9,
+        'after': '''UPDATE accounts SET role = 'member' WHERE role = 'admin'
+                        AND id IN (SELECT account_id FROM api_keys WHERE from_env = 1 AND revoked_at IS NOT NULL)
+                        AND id NOT IN (SELECT account_id FROM api_keys WHERE from_env = 1 AND revoked_at IS NULL);''',
     },
 }
+
+
+def migrate_to_9(db):
+    """Round 3 (CONTRACT 20), before schema.sql runs.
+    - x402 payments bound to their call: the digest of the call a payment was accepted for. A payment taken before
+      has none: if its call never answered below 400, no call may spend it now.
+    - A dispute stores its parties' accounts and wallets when it opens; those of the disputes already there are
+      taken as they are now (wallets cannot change under an open dispute from this version on).
+    - Card money that goes back: escrow `held` and `charged_back` (the CHECK widened in place), the status a held
+      escrow returns to, when a sweep last asked Stripe for a connected account, and the Stripe object a recorded
+      event is about.
+    - Sessions bound to their key: a session made before names no key, so it ends (people sign in again);
+      schema.sql makes the table anew with key_id."""
+    add_missing_column(db, 'x402_payments', 'call_digest', 'TEXT')
+    for column in ('requester_account', 'worker_account', 'worker_wallet', 'payer_wallet'):
+        add_missing_column(db, 'disputes', column, 'TEXT')
+    db.conn.execute('''UPDATE disputes SET (requester_account, worker_account, worker_wallet, payer_wallet) =
+                           (SELECT j.requester_id, a.account_id, a.wallet_address, j.refund_address
+                            FROM claims c JOIN jobs j ON j.id = c.job_id JOIN agents a ON a.id = c.agent_id
+                            WHERE c.id = disputes.claim_id)''')
+    widen_checks(db, 'jobs', ("('pending', 'locked', 'released', 'refunded')",
+                              "('pending', 'locked', 'released', 'refunded', 'held', 'charged_back')"))
+    add_missing_column(db, 'jobs', 'escrow_unheld', 'TEXT')
+    add_missing_column(db, 'agents', 'stripe_checked_at', 'TEXT')
+    add_missing_column(db, 'stripe_events', 'reference', 'TEXT')        # made by schema.sql from version 5
+    db.conn.execute('DROP TABLE IF EXISTS sessions')
+
+
+def add_missing_column(db, table, column, definition):
+    """ALTER TABLE ADD COLUMN in a migration, if the table exists without the column (schema.sql makes a missing
+    table whole, and a database built from a later schema.sql has the column already)."""
+    columns = [row['name'] for row in db.rows(f'PRAGMA table_info({table})')]
+    if columns and column not in columns:
+        db.conn.execute(f'ALTER TABLE {table} ADD COLUMN {column} {definition}')
 
 
 def widen_checks(db, table, *replacements):
@@ -2039,7 +2066,8 @@ def issue_key(db, account_id):
 
 def ensure_admin_key(db, key):
     """Make `key` the admin key of the environment (MARKETPLACE_ADMIN_KEY), creating its account the first time,
-    and revoke every other key an earlier value of the variable made admin."""
+    and revoke every other key an earlier value of the variable made admin: their sessions end, and their accounts
+    are admins no more (unless it is this key's account). The same key again changes nothing."""
     if len(key) < 32:
         raise ValueError('the admin key must be at least 32 characters long')
     digest = hash_key(key)
@@ -2048,30 +2076,52 @@ def ensure_admin_key(db, key):
         if row and row['revoked_at']:
             raise ValueError('the admin key was revoked: choose a new one')
         if row:
-            db.execute("UPDATE accounts SET role = 'admin' WHERE id = :id", {'id': row['account_id']})
-            db.execute('UPDATE api_keys SET from_env = 1 WHERE key_hash = :h', {'h': digest})
+            account_id = row['account_id']
+            db.execute("UPDATE accounts SET role = 'admin' WHERE id = :id AND role != 'admin'", {'id': account_id})
+            db.execute('UPDATE api_keys SET from_env = 1 WHERE key_hash = :h AND from_env = 0', {'h': digest})
         else:
             account = {'id': new_id(), 'name': 'admin', 'role': 'admin', 'created_at': now_iso()}
+            account_id = account['id']
             db.insert('accounts', account)
             db.insert('api_keys', {'id': new_id(), 'account_id': account['id'], 'key_hash': digest,
                                    'prefix': key[:4] + '…', 'created_at': now_iso(), 'revoked_at': None,
                                    'from_env': 1})
-        revoked = db.execute('''UPDATE api_keys SET revoked_at = :now
-                                WHERE from_env = 1 AND revoked_at IS NULL AND key_hash != :h''',
-                             {'now': now_iso(), 'h': digest})
-    if revoked:
-        log.warning('revoked %d admin key(s) that MARKETPLACE_ADMIN_KEY named before', revoked)
+        retired = db.rows('SELECT id, account_id FROM api_keys WHERE from_env = 1 AND revoked_at IS NULL '
+                          'AND key_hash != :h', {'h': digest})
+        for old in retired:
+            revoke_key(db, old['id'])
+            if old['account_id'] != account_id:
+                db.execute("UPDATE accounts SET role = 'member' WHERE id = :id", {'id': old['account_id']})
+    if retired:
+        log.warning('revoked %d admin key(s) that MARKETPLACE_ADMIN_KEY named before; their accounts are members '
+                    'now and their browser sessions ended', len(retired))
+
+
+def revoke_key(db, key_id):
+    """Revoke a live key (`keys revoke`) and end the browser sessions it opened, in one transaction; was it live?"""
+    with db.transaction():
+        changed = db.execute('UPDATE api_keys SET revoked_at = :now WHERE id = :id AND revoked_at IS NULL',
+                             {'now': now_iso(), 'id': key_id})
+        if changed:
+            db.execute('DELETE FROM sessions WHERE key_id = :id', {'id': key_id})
+    return bool(changed)
+
+
+def live_key(db, key):
+    """(the key's id, its account) for a live key, or (None, None) for an unknown or revoked key."""
+    digest = hash_key(key)
+    row = db.row('''
+        SELECT a.id, a.name, a.role, a.x402_exempt, k.key_hash, k.id AS key_id FROM api_keys k
+        JOIN accounts a ON a.id = k.account_id WHERE k.key_hash = :digest AND k.revoked_at IS NULL''',
+                 {'digest': digest})
+    if row is None or not hmac.compare_digest(row.pop('key_hash'), digest):
+        return None, None
+    return row.pop('key_id'), row
 
 
 def account_for_key(db, key):
     """The account of a live key, or None for an unknown or revoked key."""
-    digest = hash_key(key)
-    row = db.row('''
-        SELECT a.id, a.name, a.role, a.x402_exempt, k.key_hash FROM api_keys k JOIN accounts a ON a.id = k.account_id
-        WHERE k.key_hash = :digest AND k.revoked_at IS NULL''', {'digest': digest})
-    if row is None or not hmac.compare_digest(row.pop('key_hash'), digest):
-        return None
-    return row
+    return live_key(db, key)[1]
 
 
 def caller():
@@ -2111,6 +2161,7 @@ RATE_LIMITS = {
     'read': 60, 'jobs_create': 20, 'agents_create': 10, 'job_action': 30, 'registration': 10,
     'votes': 30, 'arbitrators': 10, 'webhook_test': 10, 'sweeps': 60, 'pages': 600,
     'decisions': 30, 'account_admin': 30, 'stripe_events': 3600,
+    'signin': 30,       # the pages' POST /signin and /signup: API keys are not guessed, accounts not made in bulk
 }
 
 
@@ -6253,6 +6304,7 @@ SWAGGER_UI = Path(importlib.util.find_spec('swagger_ui').submodule_search_locati
 EXPLORERS = {8453: 'https://basescan.org', 84532: 'https://sepolia.basescan.org'}     # block explorers by chain
 BOARD_SIZE = 50
 HTML_TYPE = 'text/html; charset=utf-8'
+HSTS = 'max-age=31536000'   # pages over an https --public-url: browsers come back over HTTPS only, for a year
 
 
 def when(moment):
@@ -6277,6 +6329,13 @@ def stripe_dashboard(settings):
     return link
 
 
+def hsts_header():
+    """Strict-Transport-Security for a page when the public URL is https (header name and value), else None."""
+    if service().settings.public_url.lower().startswith('https://'):
+        return 'Strict-Transport-Security', HSTS
+    return None
+
+
 def render(name, **values):
     """A page from templates/NAME.tpl (Bottle's SimpleTemplate, where {{...}} is always HTML-escaped)."""
     response.content_type = HTML_TYPE
@@ -6285,6 +6344,9 @@ def render(name, **values):
     values.setdefault('viewer', viewer())
     if values['viewer']:        # a page that knows its viewer is nobody else's
         response.set_header('Cache-Control', 'private, no-store')
+    hsts = hsts_header()
+    if hsts:
+        response.set_header(*hsts)
     return bottle.template(name, template_lookup=[str(TEMPLATES)], when=when, explorer=explorer,
                            dashboard=stripe_dashboard(svc.settings), csrf=csrf_token, form_key=new_form_key,
                            **values)
@@ -6550,6 +6612,8 @@ def swagger_ui_stylesheet():
 # machinery, never a second copy of a rule. README "Using it in the browser".
 SESSION_COOKIE = 'mk_session'   # the session's random id; only its SHA-256 is stored
 FORM_COOKIE = 'mk_form'         # before sign-in: the random secret the sign-in forms' CSRF token is bound to
+HOST_PREFIX = '__Host-'         # over HTTPS both names take it: only this host, over HTTPS, may set them
+CROSS_SITE_WORDS = 'This form was sent from another site: open this site and send the form from its own page.'
 SESSION_LIFETIME = timedelta(days=7)        # absolute; --session-idle-hours without a request ends one sooner
 SESSION_TOUCH = timedelta(minutes=5)        # a session's last request is written at most this often
 CSRF_FIELD = 'csrf'
@@ -6576,19 +6640,84 @@ def https_request():
             or (settings.trust_proxy and forwarded == 'https'))
 
 
+def cookie_name(name):
+    """A private cookie's name: `__Host-` prefixed over HTTPS (a sibling subdomain or a plain-http page cannot
+    plant it), as it is over plain http (local use) otherwise."""
+    return HOST_PREFIX + name if https_request() else name
+
+
 def set_private_cookie(name, value, max_age=None):
-    """An HttpOnly, SameSite=Lax cookie for the whole site, Secure over HTTPS."""
-    response.set_cookie(name, value, max_age=max_age, path='/', httponly=True, samesite='lax',
-                        secure=https_request())
+    """An HttpOnly, SameSite=Lax cookie for the whole site (no Domain), Secure and `__Host-` over HTTPS."""
+    lifetime = {} if max_age is None else {'max_age': max_age}      # bottle would write "Max-Age=None"
+    response.set_cookie(cookie_name(name), value, path='/', httponly=True, samesite='lax', secure=https_request(),
+                        **lifetime)
 
 
-def start_session(db, account):
-    """A new session acting as `account`: its random id goes in the cookie, its hash in the database."""
+def private_cookie(name):
+    """The value of one of our private cookies (by cookie_name: over HTTPS, an unprefixed one is not ours)."""
+    return request.get_cookie(cookie_name(name))
+
+
+def see_other(path):
+    """A 303 to a path of this site: relative, or under --public-url; never built from the request's Host or
+    X-Forwarded-Host (which whoever sends the request writes). What the answer set (cookies) goes along."""
+    if not path.startswith('/') or path.startswith('//') or '\\' in path:
+        raise ValueError(f'not a path of this site: {path!r}')
+    public = service().settings.public_url
+    answer = response.copy(cls=bottle.HTTPResponse)
+    answer.status, answer.body = 303, ''
+    answer.set_header('Location', public.rstrip('/') + path if public else path)
+    hsts = hsts_header()
+    if hsts:
+        answer.set_header(*hsts)
+    raise answer
+
+
+def normal_origin(scheme, netloc):
+    """'scheme://host[:port]' in lower case, the scheme's default port left out; None for what is not one."""
+    scheme, netloc = scheme.lower(), netloc.lower()
+    if scheme not in ('http', 'https') or not netloc or '@' in netloc or '/' in netloc:
+        return None
+    default = ':443' if scheme == 'https' else ':80'
+    return f'{scheme}://{netloc.removesuffix(default)}'
+
+
+def own_origin():
+    """This site's origin: --public-url's, or without one the request's own Host (not X-Forwarded-Host) with the
+    scheme the person used. (Host is written by the browser for the site it sends to: another site's page cannot
+    make a browser send our Host with its Origin.)"""
+    public = service().settings.public_url
+    if public:
+        parts = urlsplit(public)
+        return normal_origin(parts.scheme, parts.netloc)
+    return normal_origin('https' if https_request() else 'http', request.environ.get('HTTP_HOST', ''))
+
+
+def refuse_cross_site():
+    """403 for a page POST that a browser says comes from another site: `Sec-Fetch-Site` other than same-origin
+    or none (same-site is a sibling subdomain: refused too), or an `Origin` that is not this site's ("null"
+    included). Without either header (an old browser, a program) the form's CSRF token alone decides."""
+    fetch_site = request.get_header('Sec-Fetch-Site')
+    if fetch_site is not None and fetch_site.strip().lower() not in ('same-origin', 'none'):
+        raise Forbidden(CROSS_SITE_WORDS, code='cross_site_request')
+    origin = request.get_header('Origin')
+    if origin is not None:
+        parts = urlsplit(origin.strip())
+        sent = normal_origin(parts.scheme, parts.netloc) if not parts.path and not parts.query else None
+        expected = own_origin()
+        if sent is None or expected is None or not hmac.compare_digest(sent, expected):
+            raise Forbidden(CROSS_SITE_WORDS, code='cross_site_request')
+
+
+def start_session(db, account, key_id):
+    """A new session acting as `account`, bound to the key `key_id` that opened it (revoking the key ends it):
+    its random id goes in the cookie, its hash in the database."""
     token = secrets.token_urlsafe(32)
     moment = now()
     with db.transaction():
-        db.insert('sessions', {'id_hash': hash_key(token), 'account_id': account['id'], 'created_at': iso(moment),
-                               'seen_at': iso(moment), 'expires_at': iso(moment + SESSION_LIFETIME)})
+        db.insert('sessions', {'id_hash': hash_key(token), 'account_id': account['id'], 'key_id': key_id,
+                               'created_at': iso(moment), 'seen_at': iso(moment),
+                               'expires_at': iso(moment + SESSION_LIFETIME)})
     set_private_cookie(SESSION_COOKIE, token, int(SESSION_LIFETIME.total_seconds()))
     request.environ['marketplace.session'] = (token, account)
 
@@ -6598,17 +6727,21 @@ def end_session(db, token):
     if token:
         with db.transaction():
             db.execute('DELETE FROM sessions WHERE id_hash = :h', {'h': hash_key(token)})
-    response.delete_cookie(SESSION_COOKIE, path='/', httponly=True, samesite='lax', secure=https_request())
+    response.delete_cookie(cookie_name(SESSION_COOKIE), path='/', httponly=True, samesite='lax',
+                           secure=https_request())
     request.environ['marketplace.session'] = (None, None)
 
 
 def live_session(db, settings, token):
-    """The account of a live session named by its cookie's value, or None (unknown, idle too long, too old)."""
+    """The account of a live session named by its cookie's value, or None (unknown, idle too long, too old, or its
+    key revoked)."""
     if not token or len(token) > 100:
         return None
     digest = hash_key(token)
     row = db.row('''SELECT s.id_hash, s.seen_at, s.expires_at, a.id, a.name, a.role, a.x402_exempt
-                    FROM sessions s JOIN accounts a ON a.id = s.account_id WHERE s.id_hash = :h''', {'h': digest})
+                    FROM sessions s JOIN accounts a ON a.id = s.account_id
+                    JOIN api_keys k ON k.id = s.key_id AND k.revoked_at IS NULL WHERE s.id_hash = :h''',
+                 {'h': digest})
     moment = now()
     if row is None or not hmac.compare_digest(row['id_hash'], digest) or row['expires_at'] <= iso(moment) or \
             row['seen_at'] <= iso(moment - timedelta(hours=settings.session_idle_hours)):
@@ -6623,7 +6756,7 @@ def session_viewer():
     """(the session cookie's value, its account) for this request, or (None, None) when nobody is signed in."""
     if 'marketplace.session' not in request.environ:
         svc = service()
-        token = request.get_cookie(SESSION_COOKIE)
+        token = private_cookie(SESSION_COOKIE)
         account = live_session(svc.db, svc.settings, token)
         request.environ['marketplace.session'] = (token, account) if account else (None, None)
     return request.environ['marketplace.session']
@@ -6638,22 +6771,24 @@ def require_viewer():
     """The signed-in account; anyone else is sent to the sign-in page."""
     account = viewer()
     if account is None:
-        bottle.redirect('/signin', 303)
+        see_other('/signin')
     return account
 
 
 def csrf_secret(create=False):
     """What this browser's CSRF tokens are bound to: its session id, or before sign-in the form cookie (made when
-    `create`, for a page that shows a form)."""
+    `create`, for a page that shows a form) and the client's address group. A form cookie and token that an
+    attacker got on its own visit and planted in a victim's browser are then worth nothing from the victim's
+    address, even from a browser that sends no Origin (refuse_cross_site stops the others)."""
     token, _ = session_viewer()
     if token:
         return token
-    secret = request.environ.get('marketplace.form_secret') or request.get_cookie(FORM_COOKIE)
+    secret = request.environ.get('marketplace.form_secret') or private_cookie(FORM_COOKIE)
     if not secret and create:
         secret = secrets.token_urlsafe(32)
         set_private_cookie(FORM_COOKIE, secret)
     request.environ['marketplace.form_secret'] = secret
-    return secret
+    return secret and f'{secret} {address_group(client_ip())}'
 
 
 def csrf_for(secret):
@@ -6710,12 +6845,15 @@ def act_as(account, method, path, body=None, idempotency_key=None):
 
 
 def browser_page(handler, bucket):
-    """A browser route's handler: sizes and its rate limit checked first; refusals are pages with their status."""
+    """A browser route's handler: sizes, a POST's site (refuse_cross_site: before its rate limit, which another
+    site's page must not spend) and its rate limit checked first; refusals are pages with their status."""
     @page
     @functools.wraps(handler)
     def show(**params):
         if request.content_length > MAX_BODY:
             raise BodyTooLarge()
+        if request.method == 'POST':
+            refuse_cross_site()
         count_request(bucket)
         return handler(**params)
     return show
@@ -6741,12 +6879,14 @@ def signin_page():
     return render('signin', title='Sign in', typed_name='', error=None, signup_error=None)
 
 
-@browser_route('POST', '/signin')
+@browser_route('POST', '/signin', limit='signin')
 def post_signin():
-    """Sign in with an API key: the key finds the account and is forgotten; the session acts as the account."""
+    """Sign in with an API key: the key finds the account and is forgotten (its id is kept: revoking it ends the
+    session); the session acts as the account."""
     form = posted_form()
     svc = service()
-    account = account_for_key(svc.db, form.get('apiKey', '').strip()) if form.get('apiKey', '').strip() else None
+    key_id, account = live_key(svc.db, form.get('apiKey', '').strip()) if form.get('apiKey', '').strip() \
+        else (None, None)
     if account is None:
         response.status = 401
         return render('signin', title='Sign in', typed_name='', signup_error=None,
@@ -6754,11 +6894,11 @@ def post_signin():
     old, _ = session_viewer()
     if old:
         end_session(svc.db, old)
-    start_session(svc.db, account)
-    bottle.redirect('/my/jobs', 303)
+    start_session(svc.db, account, key_id)
+    see_other('/my/jobs')
 
 
-@browser_route('POST', '/signup', limit=None)
+@browser_route('POST', '/signup', limit='signin')
 def post_signup():
     """Sign up: POST /api/accounts's own handler; the new key is shown once, on this answer only, and the browser
     is signed in as the new account."""
@@ -6772,7 +6912,8 @@ def post_signup():
     old, _ = session_viewer()
     if old:
         end_session(svc.db, old)
-    start_session(svc.db, answer['account'])
+    key_id = svc.db.value('SELECT id FROM api_keys WHERE key_hash = :h', {'h': hash_key(answer['apiKey'])})
+    start_session(svc.db, answer['account'], key_id)
     response.set_header('Cache-Control', 'no-store')
     return render('signed_up', title='Your API key', account=answer['account'], api_key=answer['apiKey'])
 
@@ -6781,7 +6922,7 @@ def post_signup():
 def post_signout():
     form = posted_form()        # noqa: F841  (a cross-site form must not sign anyone out)
     end_session(service().db, session_viewer()[0])
-    bottle.redirect('/', 303)
+    see_other('/')
 
 
 def forget_sessions(db, settings):
@@ -6890,7 +7031,7 @@ def post_job_page():
     status, answer = act_as(account, 'POST', '/api/jobs', job_body_from_form(form), form.get(KEY_FIELD))
     if status in (200, 201):
         job = answer['job']
-        bottle.redirect(f'/jobs/{job["id"]}/pay' if answer.get('checkoutUrl') else f'/jobs/{job["id"]}', 303)
+        see_other(f'/jobs/{job["id"]}/pay' if answer.get('checkoutUrl') else f'/jobs/{job["id"]}')
     response.status = status
     return job_form(account, form, refusal(status, answer), answer)
 
@@ -6904,7 +7045,7 @@ def pay_page(job_id):
     if job['requester_id'] != account['id'] and not is_admin(account):
         raise NotFound('No job has this id.')
     if job['status'] != 'pending_payment' or not job['checkout_url']:
-        bottle.redirect(f'/jobs/{job["id"]}', 303)
+        see_other(f'/jobs/{job["id"]}')
     return render('pay', title='Pay for the job', job=job_json(job, service().settings.base_url),
                   checkout_url=job['checkout_url'], refresh=job['checkout_url'])
 
@@ -6939,7 +7080,7 @@ def job_action_page(job_id, action):
     path, body = job_action_request(job_id, action, form)
     status, answer = act_as(account, 'POST', path, body, form.get(KEY_FIELD))
     if status < 300:
-        bottle.redirect(f'/jobs/{job_id}', 303)
+        see_other(f'/jobs/{job_id}')
     response.status = status
     return job_page_for(job_id, {'action': action, 'claimId': form.get('claimId', ''), 'values': form,
                                  'error': refusal(status, answer), 'fields': answer.get('fields') or {}})
@@ -9366,9 +9507,7 @@ def main(argv=None):
             state = f'revoked {row["revoked_at"]}' if row['revoked_at'] else 'live'
             print(f'{row["id"]}  {row["prefix"]:<12} {row["role"]:<6} {row["name"]:<24} {state}')
     elif args.keys_command == 'revoke':
-        with db.transaction():
-            changed = db.execute('UPDATE api_keys SET revoked_at = :now WHERE id = :id AND revoked_at IS NULL',
-                                 {'now': now_iso(), 'id': args.key_id})
+        changed = revoke_key(db, args.key_id)
         print('revoked' if changed else 'no live key has that id')
         return 0 if changed else 1
     db.close()

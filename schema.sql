@@ -390,13 +390,16 @@ CREATE INDEX IF NOT EXISTS idempotency_keys_created ON idempotency_keys(created_
 
 -- Browser sessions (README "Using it in the browser"): a random id in an HttpOnly cookie, of which only the hash is
 -- stored, and the account it acts as (never an API key). Idle and absolute expiry; the sweep deletes expired rows.
+-- A session lives only as long as the key that opened it (CONTRACT 20): revoking the key ends it.
 CREATE TABLE IF NOT EXISTS sessions (
     id_hash           TEXT PRIMARY KEY,         -- hex sha256 of the cookie's value
     account_id        TEXT NOT NULL REFERENCES accounts(id),
+    key_id            TEXT NOT NULL REFERENCES api_keys(id),   -- the key signed in with (or made at sign-up)
     created_at        TEXT NOT NULL,
     seen_at           TEXT NOT NULL,            -- the last request (kept to a few minutes' precision)
     expires_at        TEXT NOT NULL             -- created_at + the absolute lifetime
 );
 CREATE INDEX IF NOT EXISTS sessions_seen ON sessions(seen_at);
+CREATE INDEX IF NOT EXISTS sessions_key ON sessions(key_id);
 
 PRAGMA user_version = 9;

@@ -1,10 +1,13 @@
 """People acting in the browser, in Chromium (Playwright, as tests/test_pages_browser.py): a whole job's life by
 clicks (sign up, post, a second browser context as the worker, review, approve, the payment on the job page), a
 rejected delivery, a dispute opened from the page, a USD job through the fake Stripe Checkout, CSRF refused, a
-double submit posting one job, user text escaped, and the same post-and-approve flow without JavaScript. One
-server (and one with the fake Stripe) and one browser for the module. Only 127.0.0.1."""
+planted form cookie's login CSRF refused, a double submit posting one job, user text escaped, and the same
+post-and-approve flow without JavaScript. One server (and one with the fake Stripe) and one browser for the
+module. Only 127.0.0.1."""
 
 import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
@@ -174,6 +177,60 @@ def test_csrf_is_refused_and_a_double_submit_posts_one_job(browser, server):
         assert key
     finally:
         person.close()
+
+
+class Trap:
+    """The attacker's site on another port of 127.0.0.1 (same site, another origin, like a sibling subdomain):
+    its page plants a form cookie (cookies ignore ports) and holds a sign-in form to the service."""
+
+    def __init__(self, cookie, body):
+        trap = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                data = trap.body.encode()
+                self.send_response(200)
+                self.send_header('Content-Type', 'text/html; charset=utf-8')
+                self.send_header('Set-Cookie', trap.cookie)
+                self.send_header('Content-Length', str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+        self.cookie, self.body = cookie, body
+        self.http = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        self.url = f'http://127.0.0.1:{self.http.server_port}'
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.http.shutdown()
+        self.http.server_close()
+
+
+def test_a_planted_form_cookie_cannot_sign_the_victim_into_the_attackers_account(browser, server):
+    """Login CSRF (issue 29, 7): the attacker fetches a form cookie and its token, plants the cookie in the
+    victim's Chromium from its own origin and sends the victim's browser to sign in with the attacker's key. The
+    browser says where the form came from (Origin, Sec-Fetch-Site): 403, and the victim is signed in as nobody."""
+    attacker_key = api(server, 'POST', '/api/accounts', {'name': 'mallory'})['apiKey']
+    visit = requests.get(server.url + '/signin', timeout=10)
+    token = re.search(r'name="csrf" value="([0-9a-f]{64})"', visit.text).group(1)
+    form = (f'<form method="post" action="{server.url}/signin"><input type="hidden" name="csrf" value="{token}">'
+            f'<input type="hidden" name="apiKey" value="{attacker_key}"><button>Win a prize</button></form>')
+    trap = Trap(f'mk_form={visit.cookies["mk_form"]}; Path=/; SameSite=Lax', form)
+    victim = Person(browser, server)
+    try:
+        victim.page.goto(trap.url + '/')
+        with victim.page.expect_navigation() as navigation:
+            victim.page.click('button:has-text("Win a prize")')
+        assert navigation.value.status == 403
+        assert 'sent from another site' in victim.page.locator('p.error').text_content()
+        assert [c['name'] for c in victim.context.cookies(server.url) if c['name'].endswith('mk_session')] == []
+        victim.go('/my/jobs')
+        assert victim.page.url == server.url + '/signin'
+    finally:
+        victim.close()
+        trap.close()
 
 
 def test_user_text_is_escaped_on_the_pages_that_act(browser, server):

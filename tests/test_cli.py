@@ -200,8 +200,8 @@ def test_keys_create_reads_the_name_as_the_api_does(db_path, capsys):
 
 
 def test_a_new_marketplace_admin_key_revokes_the_old_one_at_start(db_path):
-    """MARKETPLACE_ADMIN_KEY=A, then B: A is revoked when B starts (here `sweep`, which starts the service as
-    `serve` does); starting with A again is refused."""
+    """MARKETPLACE_ADMIN_KEY=A, then B: A is revoked and its account made a member when B starts (here `sweep`,
+    which starts the service as `serve` does); starting with A again is refused."""
     key_a, key_b = 'old-admin-key-' + 'a' * 32, 'new-admin-key-' + 'b' * 32
     for key in (key_a, key_b):
         done = cli(db_path, 'sweep', env={'MARKETPLACE_ADMIN_KEY': key})
@@ -209,7 +209,7 @@ def test_a_new_marketplace_admin_key_revokes_the_old_one_at_start(db_path):
     assert 'revoked 1 admin key(s) that MARKETPLACE_ADMIN_KEY named before' in done.stderr
     listed = [line.split() for line in cli(db_path, 'keys', 'list').stdout.splitlines()]
     assert [(prefix, role, name, state) for _, prefix, role, name, state, *_ in listed] == [
-        (key_a[:4] + '…', 'admin', 'admin', 'revoked'), (key_b[:4] + '…', 'admin', 'admin', 'live')]
+        (key_a[:4] + '…', 'member', 'admin', 'revoked'), (key_b[:4] + '…', 'admin', 'admin', 'live')]
     app = open_app(db_path)
     try:
         client = Client(app)
@@ -675,4 +675,37 @@ def test_a_version_5_database_keeps_the_hashes_of_its_signed_payouts(tmp_path):
     assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
     assert db.rows('SELECT tx_hash, source, payment_id, nonce, raw_tx FROM signed_transactions') == \
         [{'tx_hash': '0x' + 'ab' * 32, 'source': 'payments', 'payment_id': 'p1', 'nonce': 4, 'raw_tx': '0x02f8'}]
+    db.close()
+
+
+def test_a_version_8_database_ends_its_sessions_and_demotes_the_retired_env_admin_keys_accounts(tmp_path):
+    """Migration 9: a session made before names no key, so it ends (sign in again); the account of an env admin
+    key revoked when MARKETPLACE_ADMIN_KEY changed is a member, the live env key's and `keys create --admin`'s stay
+    admins."""
+    path = tmp_path / 'v8.db'
+    db = mp.Database(path)
+    db.migrate()
+    retired, _ = mp.create_account(db, 'retired', 'admin')
+    live, _ = mp.create_account(db, 'live', 'admin')
+    made, _ = mp.create_account(db, 'made', 'admin')
+    with db.transaction():
+        db.execute("UPDATE api_keys SET from_env = 1, revoked_at = '2026-01-01T00:00:00.000Z' WHERE account_id = :id",
+                   {'id': retired['id']})
+        db.execute('UPDATE api_keys SET from_env = 1 WHERE account_id = :id', {'id': live['id']})
+        db.conn.execute('''DROP TABLE sessions;
+            CREATE TABLE sessions (id_hash TEXT PRIMARY KEY, account_id TEXT NOT NULL REFERENCES accounts(id),
+                                   created_at TEXT NOT NULL, seen_at TEXT NOT NULL, expires_at TEXT NOT NULL);
+            CREATE INDEX sessions_seen ON sessions(seen_at);
+            PRAGMA user_version = 8;''')
+        db.insert('sessions', {'id_hash': 'ab' * 32, 'account_id': retired['id'], 'created_at': mp.now_iso(),
+                               'seen_at': mp.now_iso(), 'expires_at': '2099-01-01T00:00:00.000Z'})
+    db.close()
+    db = mp.Database(path)
+    db.migrate()
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
+    assert db.value('SELECT count(*) FROM sessions') == 0
+    assert 'key_id' in [row['name'] for row in db.rows("SELECT name FROM pragma_table_info('sessions')")]
+    assert [(row['name'], row['role']) for row in db.rows('SELECT name, role FROM accounts ORDER BY name')] == \
+        [('live', 'admin'), ('made', 'admin'), ('retired', 'member')]
+    assert db.value('PRAGMA integrity_check') == 'ok' and db.value('PRAGMA foreign_key_check') is None
     db.close()

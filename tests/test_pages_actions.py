@@ -269,3 +269,265 @@ def test_someone_else_cannot_act_on_the_job(app, client, browser):
     answer = other.request('POST', f'/jobs/{job_id}/approve', {**hidden, 'claimId': claim_id})
     assert answer.status == 403
     assert client.get(f'/api/jobs/{job_id}').json['job']['status'] == 'delivered'
+
+
+# Sessions bound to their key, cookies, sites and redirects (CONTRACT 20) ------------------------------------------
+
+def key_id_of(app, key):
+    return app.service.db.value('SELECT id FROM api_keys WHERE key_hash = :h', {'h': mp.hash_key(key)})
+
+
+def test_revoking_a_key_signs_out_every_session_it_opened_at_once(app, browser):
+    _, key = sign_up(browser)
+    other = Browser(app)
+    assert other.submit('/signin', '/signin', apiKey=key).status == 303
+    assert (browser.get('/my/jobs').status, other.get('/my/jobs').status) == (200, 200)
+    assert mp.revoke_key(app.service.db, key_id_of(app, key)) is True          # what `keys revoke` does
+    assert app.service.db.value('SELECT count(*) FROM sessions') == 0
+    for each in (browser, other):
+        answer = each.get('/my/jobs')
+        assert (answer.status, header_values(answer)['location']) == (303, 'http://market.test/signin')
+    assert mp.revoke_key(app.service.db, key_id_of(app, key)) is False         # revoked already
+
+
+def test_a_session_whose_key_row_is_revoked_by_hand_is_signed_out_too(app, browser):
+    _, key = sign_up(browser)
+    app.service.db.execute('UPDATE api_keys SET revoked_at = :now WHERE key_hash = :h',
+                           {'now': mp.now_iso(), 'h': mp.hash_key(key)})
+    assert app.service.db.value('SELECT count(*) FROM sessions') == 1           # the row stays; it acts no more
+    assert browser.get('/my/jobs').status == 303
+    assert browser.get('/jobs/new').status == 303
+
+
+def test_a_session_remembers_the_key_it_was_opened_with(app, client, browser):
+    _, key = sign_up(browser)
+    assert app.service.db.rows('SELECT key_id FROM sessions') == [{'key_id': key_id_of(app, key)}]
+
+
+@pytest.fixture
+def https_app(tmp_path):
+    settings = mp.Settings(db=str(tmp_path / 'https.db'), rate_limits='off', public_url='https://market.test')
+    app = mp.make_app(settings)
+    yield app
+    app.service.close()
+
+
+def cookie_attributes(header):
+    name_value, *attributes = [part.strip() for part in header.split(';')]
+    return name_value.split('=', 1)[0], {attribute.split('=', 1)[0].lower(): attribute.partition('=')[2].lower()
+                                         for attribute in attributes}
+
+
+def test_under_an_https_public_url_both_cookies_are_host_prefixed_secure_httponly_lax(https_app):
+    browser = Browser(https_app)
+    signin = browser.get('/signin')
+    name, attributes = cookie_attributes(set_cookie_header(signin))
+    assert name == '__Host-mk_form'
+    assert attributes == {'httponly': '', 'path': '/', 'samesite': 'lax', 'secure': ''}
+    answer, _ = sign_up(browser)
+    name, attributes = cookie_attributes(set_cookie_header(answer))
+    assert name == '__Host-mk_session'
+    assert attributes == {'httponly': '', 'max-age': str(7 * 24 * 3600), 'path': '/', 'samesite': 'lax', 'secure': ''}
+    assert browser.get('/my/jobs').status == 200
+    signout = browser.submit('/my/jobs', '/signout')
+    assert cookie_attributes(set_cookie_header(signout))[0] == '__Host-mk_session'
+    assert browser.get('/my/jobs').status == 303
+
+
+def test_pages_send_hsts_under_an_https_public_url_and_not_over_plain_http(https_app, app):
+    browser = Browser(https_app)
+    for answer in (browser.get('/'), browser.get('/signin'), browser.get('/jobs/' + '0' * 36),
+                   browser.get('/my/jobs')):
+        assert header_values(answer)['strict-transport-security'] == 'max-age=31536000', answer
+    plain = Browser(app)
+    for answer in (plain.get('/'), plain.get('/signin'), plain.get('/my/jobs')):
+        assert 'strict-transport-security' not in header_values(answer)
+
+
+def test_an_unprefixed_cookie_planted_under_https_is_not_read(https_app):
+    """Login CSRF: the attacker gets a form cookie and its token from its own visit, plants the cookie in the
+    victim's browser from a sibling subdomain or plain http (which cannot set a __Host- cookie), and sends the
+    victim's browser to sign in with the attacker's key. Over https only the __Host- cookie counts."""
+    attacker = Browser(https_app)
+    _, attacker_key = sign_up(attacker, 'Mallory')
+    fresh = Browser(https_app)
+    token = fresh.hidden('/signin', '/signin')['csrf']
+    planted = fresh.cookies['__Host-mk_form']
+    victim = Browser(https_app)
+    victim.cookies['mk_form'] = planted
+    answer = victim.request('POST', '/signin', {'csrf': token, 'apiKey': attacker_key})
+    assert answer.status == 403
+    assert Page(answer).find('p', 'error').text().startswith('This form has no valid security token (CSRF)')
+    assert not any(name.endswith('mk_session') for name in victim.cookies)
+    assert https_app.service.db.value('SELECT count(*) FROM sessions') == 1        # the attacker's own
+
+
+def test_a_planted_form_cookie_cannot_sign_a_victim_into_the_attackers_account(app):
+    """Over plain http a sibling subdomain can plant mk_form; its POST is refused for its site."""
+    attacker = Browser(app)
+    _, attacker_key = sign_up(attacker, 'Mallory')
+    fresh = Browser(app)
+    token = fresh.hidden('/signin', '/signin')['csrf']
+    victim = Browser(app)
+    victim.cookies['mk_form'] = fresh.cookies['mk_form']
+    for headers in ({'Origin': 'http://evil.market.test', 'Sec-Fetch-Site': 'same-site'},
+                    {'Origin': 'http://evil.market.test'}, {'Sec-Fetch-Site': 'same-site'}):
+        answer = victim.request('POST', '/signin', {'csrf': token, 'apiKey': attacker_key}, headers=headers)
+        assert answer.status == 403, headers
+        assert Page(answer).find('p', 'error').text() == mp.CROSS_SITE_WORDS
+        assert 'mk_session' not in victim.cookies
+    assert app.service.db.value('SELECT count(*) FROM sessions') == 1        # the attacker's own
+
+
+def page_post_routes():
+    return sorted((method, path) for method, path, _, _ in mp.BROWSER_ROUTES if method == 'POST')
+
+
+def test_every_page_post_route_is_checked_below():
+    assert page_post_routes() == [('POST', '/jobs/<job_id>/<action>'), ('POST', '/jobs/new'), ('POST', '/signin'),
+                                  ('POST', '/signout'), ('POST', '/signup')]
+
+
+CROSS_SITE = [{'Origin': 'https://evil.test'}, {'Origin': 'null'}, {'Origin': 'http://market.test.evil.test'},
+              {'Origin': 'https://market.test'}, {'Origin': 'http://market.test:8080'},
+              {'Sec-Fetch-Site': 'cross-site'}, {'Sec-Fetch-Site': 'same-site'},
+              {'Origin': 'http://market.test', 'Sec-Fetch-Site': 'cross-site'}]
+
+
+@pytest.mark.parametrize('headers', CROSS_SITE, ids=lambda headers: ' '.join(f'{k}={v}' for k, v in headers.items()))
+def test_a_page_post_from_another_site_is_refused_on_every_route(app, client, browser, headers):
+    job_id, claim_id = delivered(app, client, browser)
+    _, key = sign_up(Browser(app), 'Bo')
+    forms = {'/signin': {'apiKey': key}, '/signup': {'name': 'Eve'}, '/jobs/new': form_fields(), '/signout': {},
+             f'/jobs/{job_id}/approve': {'claimId': claim_id}}
+    hidden = browser.hidden('/jobs/new', '/jobs/new')
+    tables = ('sessions', 'accounts', 'jobs', 'claims', 'payments')
+    before = {table: app.service.db.rows(f'SELECT * FROM {table}') for table in tables}
+    for path, fields in forms.items():
+        answer = browser.request('POST', path, {**hidden, **fields}, headers=headers)
+        assert answer.status == 403, (path, answer)
+        assert Page(answer).find('p', 'error').text() == mp.CROSS_SITE_WORDS
+    assert {table: app.service.db.rows(f'SELECT * FROM {table}') for table in tables} == before
+    assert browser.get('/my/jobs').status == 200                # still signed in: the sign-out was refused too
+
+
+def test_a_page_post_from_this_site_is_served(app, client, browser):
+    job_id, claim_id = delivered(app, client, browser)
+    hidden = browser.hidden(f'/jobs/{job_id}', f'/jobs/{job_id}/approve')
+    answer = browser.request('POST', f'/jobs/{job_id}/approve', hidden,
+                             headers={'Origin': 'http://market.test', 'Sec-Fetch-Site': 'same-origin'})
+    assert answer.status == 303
+    assert client.get(f'/api/jobs/{job_id}').json['job']['status'] == 'completed'
+
+
+def test_without_a_public_url_the_origin_is_compared_with_the_host_not_x_forwarded_host(tmp_path):
+    settings = mp.Settings(db=str(tmp_path / 'host.db'), rate_limits='off', trust_proxy=True)
+    app = mp.make_app(settings)
+    try:
+        browser = Browser(app)
+        hidden = browser.hidden('/signin', '/signup')
+        forged = browser.request('POST', '/signup', {**hidden, 'name': 'Eve'}, headers={
+            'Host': 'market.test', 'X-Forwarded-Host': 'evil.test', 'Origin': 'http://evil.test'})
+        assert forged.status == 403
+        ours = browser.request('POST', '/signup', {**hidden, 'name': 'Ada'}, headers={
+            'Host': 'market.test', 'X-Forwarded-Host': 'evil.test', 'Origin': 'http://market.test'})
+        assert ours.status == 200, ours
+        assert app.service.db.rows('SELECT name FROM accounts') == [{'name': 'Ada'}]
+    finally:
+        app.service.close()
+
+
+FORGED = {'Host': 'evil.test', 'X-Forwarded-Host': 'evil.test'}
+
+
+def redirects(app, client, browser):
+    """Every Location the pages give, each asked with a forged Host and X-Forwarded-Host: [(path, Location)]."""
+    seen = []
+
+    def post(path, fields, page=None):
+        answer = browser.request('POST', path, {**browser.hidden(page or path, path), **fields}, headers=FORGED)
+        assert answer.status == 303, (path, answer)
+        seen.append((path, header_values(answer)['location']))
+        return answer
+
+    assert browser.request('GET', '/my/jobs', headers=FORGED).status == 303
+    seen.append(('/my/jobs', header_values(browser.request('GET', '/my/jobs', headers=FORGED))['location']))
+    _, key = sign_up(Browser(app), 'Bo')
+    post('/signin', {'apiKey': key})
+    posted = post('/jobs/new', form_fields())
+    job_id = header_values(posted)['location'].rsplit('/', 1)[1]
+    answer = browser.request('GET', f'/jobs/{job_id}/pay', headers=FORGED)       # not waiting for a card payment
+    seen.append((f'/jobs/{job_id}/pay', header_values(answer)['location']))
+    post(f'/jobs/{job_id}/cancel', {}, f'/jobs/{job_id}')
+    post('/signout', {}, '/my/jobs')
+    return job_id, seen
+
+
+def test_no_redirect_is_built_from_a_forged_host(app, client, browser):
+    job_id, seen = redirects(app, client, browser)
+    assert seen == [('/my/jobs', 'http://market.test/signin'), ('/signin', 'http://market.test/my/jobs'),
+                    ('/jobs/new', f'http://market.test/jobs/{job_id}'),
+                    (f'/jobs/{job_id}/pay', f'http://market.test/jobs/{job_id}'),
+                    (f'/jobs/{job_id}/cancel', f'http://market.test/jobs/{job_id}'),
+                    ('/signout', 'http://market.test/')]
+
+
+def test_without_a_public_url_redirects_are_relative(tmp_path):
+    settings = mp.Settings(db=str(tmp_path / 'rel.db'), rate_limits='off', trust_proxy=True)
+    app = mp.make_app(settings)
+    try:
+        job_id, seen = redirects(app, Client(app), Browser(app))
+        assert [location for _, location in seen] == ['/signin', '/my/jobs', f'/jobs/{job_id}', f'/jobs/{job_id}',
+                                                      f'/jobs/{job_id}', '/']
+    finally:
+        app.service.close()
+
+
+def test_signin_and_signup_have_a_rate_limit_class_of_their_own(tmp_path):
+    assert mp.RATE_LIMITS['signin'] == 30
+    assert {path: bucket for method, path, _, bucket in mp.BROWSER_ROUTES if path in ('/signin', '/signup')
+            and method == 'POST'} == {'/signin': 'signin', '/signup': 'signin'}
+    settings = mp.Settings(db=str(tmp_path / 'limits.db'), rate_limits='on', rate_limit_scale=0.1)
+    app = mp.make_app(settings)
+    try:
+        browser = Browser(app)
+        hidden = browser.hidden('/signin', '/signin')
+        for left in (2, 1, 0):
+            answer = browser.request('POST', '/signin', {**hidden, 'apiKey': 'mk_' + 'x' * 40})
+            assert answer.status == 401
+            assert (header_values(answer)['x-ratelimit-limit'], header_values(answer)['x-ratelimit-remaining']) == \
+                ('3', str(left))
+        assert browser.request('POST', '/signin', {**hidden, 'apiKey': 'mk_' + 'x' * 40}).status == 429
+        refused = browser.request('POST', '/signup', {**hidden, 'name': 'Ada'})         # the same class
+        assert refused.status == 429
+        assert 'retry-after' in header_values(refused)
+        assert app.service.db.value('SELECT count(*) FROM accounts') == 0
+        assert browser.get('/signin').status == 200          # the pages' own class is not spent
+    finally:
+        app.service.close()
+
+
+def test_a_planted_form_cookie_is_worth_nothing_from_another_address_even_without_origin(tmp_path):
+    """A browser that sends neither Origin nor Sec-Fetch-Site: the sign-in token is bound to the client's address
+    as well as to the form cookie, so the attacker's pair does not validate from the victim's address."""
+    settings = mp.Settings(db=str(tmp_path / 'addr.db'), rate_limits='off', trust_proxy=True)
+    app = mp.make_app(settings)
+    try:
+        attacker = Browser(app)
+        _, attacker_key = sign_up(attacker, 'Mallory')
+        fresh = Browser(app)
+        page = fresh.request('GET', '/signin', headers={'X-Forwarded-For': '203.0.113.66'})
+        token = next(f for f in Page(page).find_all('form') if f.attrs.get('action') == '/signin')
+        token = next(i.attrs['value'] for i in token.find_all('input') if i.attrs.get('name') == 'csrf')
+        victim = Browser(app)
+        victim.cookies['mk_form'] = fresh.cookies['mk_form']
+        answer = victim.request('POST', '/signin', {'csrf': token, 'apiKey': attacker_key},
+                                headers={'X-Forwarded-For': '198.51.100.7'})
+        assert answer.status == 403
+        assert 'mk_session' not in victim.cookies
+        same = fresh.request('POST', '/signin', {'csrf': token, 'apiKey': attacker_key},       # its own address
+                             headers={'X-Forwarded-For': '203.0.113.66'})
+        assert same.status == 303
+        assert app.service.db.value('SELECT count(*) FROM sessions') == 2
+    finally:
+        app.service.close()

@@ -131,10 +131,9 @@ class World:
         return s.keys[caller]
 
     def revoke(self, key):
-        """What `marketplace.py keys revoke KEY_ID` does to the key's row."""
-        changed = self.db.execute('UPDATE api_keys SET revoked_at = :now WHERE key_hash = :h AND revoked_at IS NULL',
-                                  {'now': mp.now_iso(), 'h': mp.hash_key(key)})
-        assert changed == 1
+        """What `marketplace.py keys revoke KEY_ID` does: the key's row revoked, the sessions it opened ended."""
+        key_id = self.db.value('SELECT id FROM api_keys WHERE key_hash = :h', {'h': mp.hash_key(key)})
+        assert mp.revoke_key(self.db, key_id) is True
 
     # states
     def job(self, **overrides):
@@ -205,13 +204,16 @@ class World:
         return self.db.value(f'SELECT count(*) FROM {table}')
 
     def snapshot(self):
-        """Every row of every table (the FTS index aside, which only mirrors jobs), order-independent."""
-        tables = [row['name'] for row in self.db.rows(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
-            "AND name NOT LIKE 'jobs_fts%' ORDER BY name")]
-        return {table: sorted(json.dumps(row, sort_keys=True, default=str)
-                              for row in self.db.rows(f'SELECT * FROM "{table}"'))
-                for table in tables}
+        return snapshot(self.db)
+
+
+def snapshot(db):
+    """Every row of every table (the FTS index aside, which only mirrors jobs), order-independent."""
+    tables = [row['name'] for row in db.rows(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+        "AND name NOT LIKE 'jobs_fts%' ORDER BY name")]
+    return {table: sorted(json.dumps(row, sort_keys=True, default=str) for row in db.rows(f'SELECT * FROM "{table}"'))
+            for table in tables}
 
 
 class State:
@@ -1028,3 +1030,75 @@ def test_a_priced_operation_binds_every_caller_but_admins_and_exempt_accounts(x4
     if status == 402:
         assert body['accepts'][0]['payTo'] == '0x9965507D1a55bcC2695C58ba16FB37d819B0A4dc'
     assert x402_client.app.service.db.value('SELECT count(*) FROM x402_payments') == 0
+
+
+# Browser sessions after revocation (CONTRACT 20: a session lives only as long as its key) -----------------------
+
+def signed_in(app, key):
+    """A browser over the in-process app, signed in with `key` through the sign-in page."""
+    from test_pages_actions import Browser
+    browser = Browser(app)
+    answer = browser.submit('/signin', '/signin', apiKey=key)
+    assert answer.status == 303, answer
+    return browser
+
+
+def location(answer):
+    return header(answer, 'Location')
+
+
+def test_a_revoked_member_keys_session_is_signed_out_and_acts_no_more(world):
+    job, claim = world.delivered()
+    browser = signed_in(world.app, world.requester_key)
+    hidden = browser.hidden(f'/jobs/{job["id"]}', f'/jobs/{job["id"]}/approve')
+    world.revoke(world.requester_key)
+    before, summary = world.snapshot(), world.job_summary(job)
+    answer = browser.request('POST', f'/jobs/{job["id"]}/approve', {**hidden, 'claimId': claim['id']})
+    assert (answer.status, location(answer)) == (303, 'http://market.test/signin')
+    assert browser.get('/my/jobs').status == 303
+    assert world.snapshot() == before
+    assert summary[:2] == world.job_summary(job)[:2] == ('delivered', 'locked')
+
+
+def test_a_session_of_a_retired_env_admin_key_cannot_release_a_strangers_escrow(tmp_path):
+    """The README's remedy for a leaked admin key (a new MARKETPLACE_ADMIN_KEY) ends what the old key opened: its
+    sessions, and its account's admin role. A restart with the same key changes nothing."""
+    old, new = ADMIN_KEY, 'new-admin-key-' + secrets.token_urlsafe(32)
+
+    def start(admin_key):
+        return mp.make_app(mp.Settings(db=str(tmp_path / 'rotate.db'), rate_limits='off', admin_key=admin_key,
+                                       public_url='http://market.test'))
+    app = start(old)
+    market = Market(Client(app))
+    job, claim = market.delivered_job(paymentAmount='250.00')
+    browser = signed_in(app, old)
+    hidden = browser.hidden(f'/jobs/{job["id"]}', f'/jobs/{job["id"]}/approve')      # an admin sees the buttons
+    old_account = mp.account_for_key(app.service.db, old)
+    assert old_account['role'] == 'admin'
+    before = snapshot(app.service.db)
+    app.service.close()
+
+    app = start(old)                    # the same key again: nothing changes, the session still acts
+    assert snapshot(app.service.db) == before
+    browser.client = Client(app)
+    assert browser.get('/my/jobs').status == 200
+    app.service.close()
+
+    app = start(new)
+    try:
+        db = app.service.db
+        assert db.value('SELECT role FROM accounts WHERE id = :id', {'id': old_account['id']}) == 'member'
+        assert db.value('SELECT count(*) FROM sessions') == 0
+        browser.client = Client(app)
+        answer = browser.request('POST', f'/jobs/{job["id"]}/approve', {**hidden, 'claimId': claim['id']})
+        assert (answer.status, location(answer)) == (303, 'http://market.test/signin')
+        detail = Client(app).get(f'/api/jobs/{job["id"]}').json
+        assert (detail['job']['status'], detail['job']['escrowStatus'], detail['job']['paymentAmount']) == \
+            ('delivered', 'locked', '250.00')
+        assert [payment['type'] for payment in detail['payments']] == ['escrow']
+        assert_error(Client(app).post(f'/api/jobs/{job["id"]}/verify', {'claimId': claim['id'], 'approved': True},
+                                      key=old), 401, 'unauthorized')
+        assert signed_in(app, new).get('/my/jobs').status == 200
+        assert mp.ledger_problems(db) == []
+    finally:
+        app.service.close()

@@ -269,6 +269,8 @@ def test_the_replicas_caddyfile_sends_writes_to_the_primary_and_reads_to_the_rep
         assert [get('/api/health')['role'] for _ in range(4)] == ['replica'] * 4
         assert get('/api/health', **{'X-Read-From': 'primary'})['role'] == 'primary'
         assert get('/api/health', Cookie='theme=dark; mk_session=abc')['role'] == 'primary'
+        assert get('/api/health', Cookie='theme=dark; __Host-mk_session=abc')['role'] == 'primary'     # over HTTPS
+        assert get('/api/health', Cookie='theme=dark; not_mk_session=abc')['role'] == 'replica'
         answer = requests.post(url + '/api/accounts', json={'name': 'through caddy'}, verify=root, timeout=TIMEOUT)
         assert answer.status_code == 201 and answer.history == []       # the primary's own answer: no 307 on the way
         key = answer.json()['apiKey']

@@ -7,6 +7,7 @@ the rules themselves are tested in-process in test_disputes.py, test_sweeps.py, 
 Only 127.0.0.1. Every test on the chain uses the `usdc` fixture, so the chain is put back as it was after it.
 """
 
+import re
 import sqlite3
 import time
 from datetime import datetime, timedelta, timezone
@@ -14,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 import requests
 
 from chain import DEV_ADDRESSES, DEV_KEYS, USDC, Account, sign_authorization, sign_funding
-from conftest import ADMIN_KEY, LiveServer, job_body
+from conftest import ADMIN_KEY, LiveServer, job_body, random_wallet
 from test_onchain import ESCROW, ESCROW_KEY, assert_refused, ledger_of, running
 from test_x402 import PAY_TO
 from test_x402_verifier import header_of, x_payment
@@ -262,12 +263,47 @@ def test_an_overdue_claim_expires_at_the_sweep_and_can_be_released(tmp_path):
     assert ledger_of(db) == []
 
 
-def test_a_changed_admin_key_revokes_the_old_one_at_start(tmp_path):
+def signed_in_browser(server, key):
+    """A requests.Session signed in through the sign-in page (its form's CSRF token) with `key`."""
+    browser = requests.Session()
+    page = browser.get(server.url + '/signin', timeout=TIMEOUT).text
+    token = re.search(r'name="csrf" value="([0-9a-f]{64})"', page).group(1)
+    answer = browser.post(server.url + '/signin', data={'csrf': token, 'apiKey': key}, allow_redirects=False,
+                          timeout=TIMEOUT)
+    assert (answer.status_code, answer.headers['Location']) == (303, '/my/jobs'), answer.text
+    return browser
+
+
+def test_a_changed_admin_key_revokes_the_old_one_and_ends_its_sessions_at_start(tmp_path):
+    """Issue 29, 3: a session opened with a leaked admin key stayed admin after MARKETPLACE_ADMIN_KEY changed and
+    released a stranger's 250.00 escrow to the attacker's junk delivery."""
     db, old, new = tmp_path / 'm.db', 'old-admin-key-' + 'o' * 32, 'new-admin-key-' + 'n' * 32
     with running(LiveServer(db, env={'MARKETPLACE_ADMIN_KEY': old})) as server:
         assert Caller(server, old).ok('POST', '/api/jobs/expire')['expired'] == 0
+        victim, _ = register(server, 'victim')
+        thief, agent = register(server, 'thief', random_wallet())
+        job = victim.ok('POST', '/api/jobs', job_body(paymentAmount='250.00'), 201)['job']
+        claim = thief.ok('POST', f'/api/jobs/{job["id"]}/claim', {'agentId': agent['id']}, 201)['claim']
+        thief.ok('POST', f'/api/jobs/{job["id"]}/deliver', {'claimId': claim['id'], 'deliverable': DELIVERABLE})
+        browser = signed_in_browser(server, old)        # the leaked key, signed in before the remedy
+        page = browser.get(f'{server.url}/jobs/{job["id"]}', timeout=TIMEOUT).text       # an admin sees the buttons
+        token = re.search(r'action="/jobs/[0-9a-f-]+/approve".*?name="csrf" value="([0-9a-f]{64})"', page,
+                          re.S).group(1)
         assert server.terminate() == 0
     with running(LiveServer(db, env={'MARKETPLACE_ADMIN_KEY': new})) as server:
         assert_refused(Caller(server, old).call('POST', '/api/jobs/expire'), 401, 'unauthorized')
         assert Caller(server, new).ok('POST', '/api/jobs/expire')['expired'] == 0
+        answer = browser.post(f'{server.url}/jobs/{job["id"]}/approve', data={'csrf': token, 'claimId': claim['id']},
+                              allow_redirects=False, timeout=TIMEOUT)
+        assert (answer.status_code, answer.headers['Location']) == (303, '/signin')
+        detail = Caller(server).ok('GET', f'/api/jobs/{job["id"]}')
+        assert (detail['job']['status'], detail['job']['escrowStatus']) == ('delivered', 'locked')
+        assert [payment['type'] for payment in detail['payments']] == ['escrow']
+        forged = requests.get(server.url + '/my/jobs', headers={'Host': 'evil.test', 'X-Forwarded-Host': 'evil.test'},
+                              allow_redirects=False, timeout=TIMEOUT)
+        assert (forged.status_code, forged.headers['Location']) == (303, '/signin')     # never built from Host
         assert server.terminate() == 0
+    with sqlite3.connect(db) as conn:
+        roles = conn.execute("SELECT a.role, k.revoked_at IS NOT NULL FROM accounts a JOIN api_keys k "
+                             "ON k.account_id = a.id WHERE k.from_env = 1 ORDER BY k.created_at").fetchall()
+    assert roles == [('member', 1), ('admin', 0)]           # the old key's account is an admin no more
