@@ -23,7 +23,7 @@ import requests
 import responses
 
 # web3 and eth_account come through chain.py, which keeps the recursion limit as it was (see there).
-from chain import DEV_ADDRESSES, DEV_KEYS, USDC, Account, sign_authorization, sign_funding
+from chain import DEV_ADDRESSES, DEV_KEYS, USDC, Account, sign_authorization, sign_funding, sign_proof
 
 import marketplace as mp
 from conftest import ADMIN_KEY, Client, assert_error, job_body, make_account
@@ -260,7 +260,8 @@ def test_an_authorization_pays_a_priced_get_settled_by_the_escrow_wallet(anvil, 
 
     # The settlement's hash cannot be shown again as a form-1 proof: every other check of it passes.
     proof = x_payment({'txHash': tx_hash, 'from': PAYER, 'amount': '0.01', 'to': PAY_TO, 'chainId': 8453,
-                       'tokenAddress': USDC, 'timestamp': anvil.timestamp()})
+                       'tokenAddress': USDC, 'timestamp': anvil.timestamp(),
+                       'signature': sign_proof(PAYER_KEY, tx_hash, 'GET', '/api/jobs/match', ESCROW)})
     body = refused(pay(client, proof), 'payment_replayed', 'notReplayed')
     assert failed_checks(body['checks']) == ['notReplayed']
 
