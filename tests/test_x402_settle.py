@@ -15,7 +15,7 @@ ledger must balance when the test ends.
 import json
 import re
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from urllib.parse import quote
 
 import pytest
@@ -471,6 +471,8 @@ def test_a_slow_settlement_is_answered_when_the_same_payment_comes_again(anvil, 
     assert row['broadcast_at'] and TX_HASH.fullmatch(row['tx_hash'])
     assert app.service.settings.onchain.chain.receipt(row['tx_hash']) is None
     assert anvil.balance(PAYER) == 1_000_000
+    other = refused(pay(client, payment, MATCH + '&limit=1'), 'payment_replayed', 'notReplayed')   # another call
+    assert other['paymentSpent'] is False and only_row(app)['tx_hash'] == row['tx_hash']
 
     anvil.mine()
     answer = pay(client, payment)
@@ -486,6 +488,28 @@ def test_a_slow_settlement_is_answered_when_the_same_payment_comes_again(anvil, 
     anvil.mine()
     assert anvil.balance(PAYER) == 1_000_000 - MATCH_PRICE
     assert chain_view(anvil, app) == dict(before, block=before['block'] + 1)
+
+
+def test_a_settled_payment_pays_only_its_own_call_for_an_hour_whatever_its_valid_before(anvil, app, client,
+                                                                                         real_clock):
+    """Settled for a call that answered 400: after the authorization's validBefore another call is still refused
+    as a replay (not as expired: the window is the service's hour), its own call is still answered as itself, and
+    once the hour has passed it is payment_expired for every call, never spent."""
+    anvil.mint(PAYER, 1_000_000)
+    payment = authorization(anvil)
+    typo = MATCH + '&min_pay=abc'
+    assert_error(pay(client, payment, typo), 400, 'invalid_parameter')
+    valid_before = int(payment['payload']['authorization']['validBefore'])
+    real_clock.set(datetime.fromtimestamp(valid_before + 60, timezone.utc))         # past validBefore
+    body = refused(pay(client, payment), 'payment_replayed', 'fresh')
+    assert (body['paymentSpent'], body['checks']['notReplayed']) == (False, False)
+    assert_error(pay(client, payment, typo), 400, 'invalid_parameter')             # its own call: still its own
+    real_clock.advance(hours=1)
+    for path in (typo, MATCH):
+        body = refused(pay(client, payment, path), 'payment_expired', 'fresh')
+        assert body['paymentSpent'] is False, body
+    assert only_row(app)['granted_at'] is None
+    assert anvil.balance(PAYER) == 1_000_000 - MATCH_PRICE                          # settled once, never again
 
 
 def test_a_settlement_that_reverts_is_refused_when_the_payment_comes_again(anvil, app, client, slow):
