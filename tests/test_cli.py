@@ -607,7 +607,26 @@ def test_a_new_database_gets_the_schema_without_migrations(tmp_path):
     db = mp.Database(tmp_path / 'new.db')
     not_sql = {'before': 'THIS IS NOT SQL'}
     db.migrate(mp.SCHEMA_SQL, {2: not_sql, 3: not_sql, 4: not_sql, 5: not_sql, 6: not_sql})     # a new database runs no migration
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 8
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
+    db.close()
+
+
+def test_migration_9_gives_x402_payments_their_call_digest(tmp_path):
+    """A version 8 database (x402_payments without call_digest) migrates: its payments keep their rows, with no
+    call's digest (so one taken before and never spent pays no call now)."""
+    db = mp.Database(tmp_path / 'v8.db')
+    db.migrate()
+    with db.transaction():
+        db.conn.execute('''DROP INDEX x402_payments_tx; ALTER TABLE x402_payments DROP COLUMN call_digest;
+                           PRAGMA user_version = 8;''')
+        db.insert('x402_payments', {'id': 'p1', 'form': 'proof', 'endpoint': 'GET /api/jobs/match', 'chain_id': 8453,
+                                    'asset': 'USDC', 'payer': '0xpayer', 'amount': 10_000, 'tx_hash': '0xtx',
+                                    'status': 'confirmed', 'created_at': mp.now_iso()})
+    db.migrate()
+    assert db.value('PRAGMA user_version') == 9
+    assert db.row('SELECT id, call_digest, granted_at FROM x402_payments') == \
+        {'id': 'p1', 'call_digest': None, 'granted_at': None}
+    assert db.value("SELECT count(*) FROM sqlite_schema WHERE name = 'x402_payments_tx'") == 1
     db.close()
 
 

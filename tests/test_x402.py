@@ -538,6 +538,17 @@ def test_a_call_that_fails_spends_nothing_and_binds_its_proof_to_itself(client, 
     assert db_of(client).value('SELECT granted_at FROM x402_payments') is None
 
 
+def test_a_proof_taken_before_call_digests_existed_pays_no_call(client, anvil):
+    """A payment taken before version 9 has no call digest: if its call never answered below 400, no call may
+    spend it now, not even the same one."""
+    payment = proof(pay(anvil))
+    assert_error(paid(client, payment, MATCH + '?min_pay=abc'), 400, 'invalid_parameter')
+    db_of(client).execute('UPDATE x402_payments SET call_digest = NULL')
+    for path in (MATCH + '?min_pay=abc', MATCH):
+        assert assert_error(paid(client, payment, path), 402, 'payment_replayed')['paymentSpent'] is False
+    assert db_of(client).value('SELECT granted_at FROM x402_payments') is None
+
+
 # A transaction hash pays for one thing only -------------------------------------
 
 def test_a_deposit_to_escrow_never_pays_a_call_and_stays_unused(client, anvil):
