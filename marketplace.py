@@ -4563,12 +4563,15 @@ class X402:
     a payment. A version is only a wire format: a payment in X-PAYMENT (1) or PAYMENT-SIGNATURE (2) goes through the
     same checks (verifier.x402.evaluate_payment), settlement and consumption, and is answered in its own version.
 
-    Payments go to --x402-pay-to, never to the escrow address. A form-1 proof is checked on chain and consumed in
-    the transaction that answers the call. A form-2 authorization is checked and its settlement simulated, then
-    settled before the call is answered: signed by the escrow wallet as relayer (it pays the gas) and stored in
-    the same transaction that reserves the authorization (so a crash never leaves a gap in the wallet's nonces),
-    sent, and awaited; or settled by --facilitator-url. A call whose settlement is slower than
-    SETTLEMENT_WAIT answers 503, and the same payment sent again is answered once the settlement is mined.
+    Payments go to --x402-pay-to, never to the escrow address. A payment is bound to the call it is first accepted
+    for (call_digest, CONTRACT.md 20) and spent in the transaction that answers that call below 400; until then only
+    that call may send it again, for PAYMENT_WINDOW. A form-1 proof, signed by its transfer's sender for the call
+    (PaymentProof), is checked on chain and stored with the call's digest. A form-2 authorization is checked and its
+    settlement simulated, then settled before the call is answered: signed by the escrow wallet as relayer (it pays
+    the gas) and stored in the same transaction that reserves the authorization (so a crash never leaves a gap in
+    the wallet's nonces), sent, and awaited; or settled by --facilitator-url. A call whose settlement is slower
+    than SETTLEMENT_WAIT answers 503, and the same call sending the same payment again is answered once the
+    settlement is mined.
     """
 
     def __init__(self, settings):

@@ -265,7 +265,8 @@ CREATE TABLE IF NOT EXISTS wallet_accounts (
 -- Every x402 payment taken: form 'proof' (a USDC transfer already made) or 'authorization' (an EIP-3009
 -- transferWithAuthorization the service settles: signed by the escrow wallet as relayer, stored, then sent, like a
 -- payout; or settled by the facilitator). A payment is bound to the call it was accepted for (call_digest) and
--- spent once: granted_at is set in the transaction that answers that call below 400. x402 income is the operator's, kept out of the jobs' escrow ledger.
+-- spent once: granted_at is set in the transaction that answers that call below 400. x402 income is the
+-- operator's, kept out of the jobs' escrow ledger.
 CREATE TABLE IF NOT EXISTS x402_payments (
     seq                  INTEGER PRIMARY KEY,
     id                   TEXT NOT NULL UNIQUE,

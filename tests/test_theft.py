@@ -280,8 +280,10 @@ def test_a_settled_payment_whose_call_failed_cannot_approve_a_strangers_delivery
         # the same account on every try (it is kept though the first call was refused).
         told = []
         for _ in range(2):
-            answer = Caller(server).call('POST', '/api/jobs', body, headers={'X-PAYMENT': paid_header(anvil, VICTIM_KEY)})
-            told.append(assert_refused(answer, 402, 'payment_signature_invalid')['fundingTypedData']['message']['account'])
+            answer = Caller(server).call('POST', '/api/jobs', body,
+                                         headers={'X-PAYMENT': paid_header(anvil, VICTIM_KEY)})
+            refused = assert_refused(answer, 402, 'payment_signature_invalid')
+            told.append(refused['fundingTypedData']['message']['account'])
             assert receipt_of(answer)['paymentSpent'] is False
         assert told[0] == told[1], told
         signed = dict(body, escrowSignature=sign_funding(VICTIM_KEY, told[0], funding, ESCROW))

@@ -2,9 +2,10 @@
 
 Settings (--x402-price, --x402-pay-to, MARKETPLACE_X402_PRICE, what refuses to start); the 402 of a priced call;
 who pays (every key but admin keys and exempt accounts; an unknown key 401); aliases priced alike; form-1 proofs
-of real USDC transfers on anvil: a good one pays for one call and is recorded, every refusal has its code and its
-`checks` entry (on the call and POST /api/x402), pending until deep enough, a failed call consumes nothing, a
-deposit to escrow never pays a call, and a transaction hash pays for one thing only (x402 call or job funding).
+of real USDC transfers on anvil, signed by their sender for their call: a good one pays for one call and is
+recorded, every refusal has its code and its `checks` entry (on the call and POST /api/x402), pending until deep
+enough, a failed call spends nothing and binds its proof to itself, a deposit to escrow never pays a call, and a
+transaction hash pays for one thing only (x402 call or job funding).
 GET/POST /api/x402, the OpenAPI document and the service card with x402 on.
 Form-2 authorizations and their settlement: test_x402_settle.py and test_x402_live.py.
 """
@@ -87,7 +88,8 @@ def proof(tx_hash, network='base', key=PAYER_KEY, call=('GET', MATCH), **claims)
     """X-PAYMENT of a form-1 proof naming `tx_hash` (claims: PAYER pays 0.01 USDC to PAY_TO on Base), signed by
     `key` for `call` (method, path) unless the claims give `signature` (None: left out)."""
     payload = {'txHash': tx_hash, 'from': PAYER, 'amount': '0.01', 'to': PAY_TO, 'chainId': 8453,
-               'tokenAddress': USDC, 'timestamp': int(time.time()), 'signature': sign_proof(key, tx_hash, *call, ESCROW)}
+               'tokenAddress': USDC, 'timestamp': int(time.time()),
+               'signature': sign_proof(key, tx_hash, *call, ESCROW)}
     payload.update(claims)
     if payload['signature'] is None:
         del payload['signature']
@@ -267,7 +269,8 @@ def test_a_proof_with_a_key_pays_a_call_that_acts_as_the_keys_account(started, a
     account, key = make_account(client, 'member')
     body = {'name': 'paid agent', 'walletAddress': OTHER, 'capabilities': {'categories': ['code']}}
     assert_error(client.post('/api/agents', body, key=key), 402, 'payment_required')
-    answer = client.post('/api/agents', body, key=key, headers={'X-PAYMENT': proof(pay(anvil), call=('POST', '/api/agents'))})
+    payment = proof(pay(anvil), call=('POST', '/api/agents'))
+    answer = client.post('/api/agents', body, key=key, headers={'X-PAYMENT': payment})
     assert answer.status == 201, answer
     assert answer.json['agent']['accountId'] == account['id']
     assert db_of(client).value('SELECT account_id FROM x402_payments') == account['id']
