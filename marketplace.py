@@ -580,9 +580,17 @@ MIGRATIONS = {
     8: {},      # browser sessions (issue 23): schema.sql adds sessions, nothing else changes
     9: {        # x402 payments bound to their call (CONTRACT 20): the digest of the call a payment was accepted for.
                 # A payment taken before has none: if its call never answered below 400, no call may spend it now.
-        'before': 'ALTER TABLE x402_payments ADD COLUMN call_digest TEXT;',
+        'before': lambda db: add_missing_column(db, 'x402_payments', 'call_digest', 'TEXT'),
     },
 }
+
+
+def add_missing_column(db, table, column, definition):
+    """ALTER TABLE ADD COLUMN in a migration, if the table exists without the column (schema.sql makes a missing
+    table whole, and a database built from a later schema.sql has the column already)."""
+    columns = [row['name'] for row in db.rows(f'PRAGMA table_info({table})')]
+    if columns and column not in columns:
+        db.conn.execute(f'ALTER TABLE {table} ADD COLUMN {column} {definition}')
 
 
 def widen_checks(db, table, *replacements):

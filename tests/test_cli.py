@@ -495,7 +495,7 @@ def test_a_version_4_database_takes_pending_jobs_and_keeps_its_rows(tmp_path):
     conn.close()
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 8
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
     assert [tuple(row.values()) for row in db.rows('SELECT id, status, escrow_status FROM jobs ORDER BY id')] == jobs
     assert db.value('PRAGMA integrity_check') == 'ok' and db.value('PRAGMA foreign_key_check') is None
     job = jobs[0][0]
@@ -551,7 +551,7 @@ def test_a_version_3_database_keeps_its_arbitrators_and_votes_and_agent_arbitrat
     assert votes and any(agent for _, agent, _ in before) and any(not agent for _, agent, _ in before)
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 8
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
     after = [tuple(row.values()) for row in db.rows('SELECT id, agent_id IS NOT NULL, status, trusted FROM arbitrators ORDER BY id')]
     assert after == [(id_, agent, 'pending' if agent and status == 'active' else status, 0)
                      for id_, agent, status in before]
@@ -593,7 +593,7 @@ def test_a_version_2_database_gains_job_counts_of_its_jobs_and_the_list_indexes(
     assert len(counted) >= 5 and {status for _, status, _ in counted} >= {'open', 'completed', 'rejected'}
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 8
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
     assert [tuple(row.values()) for row in db.rows('SELECT category, status, jobs FROM job_counts ORDER BY 1, 2')] \
         == counted
     indexes = {row['name'] for row in db.rows("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'jobs'")}
@@ -667,7 +667,7 @@ def test_a_version_5_database_keeps_the_hashes_of_its_signed_payouts(tmp_path):
     db.close()
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 8
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
     assert db.rows('SELECT tx_hash, source, payment_id, nonce, raw_tx FROM signed_transactions') == \
         [{'tx_hash': '0x' + 'ab' * 32, 'source': 'payments', 'payment_id': 'p1', 'nonce': 4, 'raw_tx': '0x02f8'}]
     db.close()
