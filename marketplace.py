@@ -4853,10 +4853,12 @@ class X402:
             raise self.refusal(price, ('Only admin keys and exempt accounts call this free: pay' if account else
                                        'X-PAYMENT (x402 v1) or PAYMENT-SIGNATURE (v2) header is required: pay')
                                + ' with one of `accepts` (x402).', 'payment_required')
-        digest = self.call_digest(svc.db, account)
         mark = self.settled_mark(svc.db)        # before the chain is read
         evaluation = self.evaluate(svc.db, header, price, mark, x402_version)
         record = self.accepted(svc.db, evaluation)
+        if record is None and evaluation.error is not None:
+            raise self.refuse(price, evaluation)        # before the body is read: a refused payment takes nothing
+        digest = self.call_digest(svc.db, account)
         if record is not None:
             self.require_same_call(price, evaluation, record, digest)
         if evaluation.form == 'authorization':
