@@ -745,3 +745,25 @@ def test_a_head_of_a_priced_endpoint_is_not_free(client):
     """Bottle answers HEAD with the GET route: a HEAD of a priced endpoint is priced like its GET."""
     answer = client.request('HEAD', MATCH)
     assert answer.status == 402, answer
+
+
+def test_a_paid_call_whose_commit_fails_is_503_and_its_retry_is_answered_once(client, anvil, monkeypatch):
+    """The proof is taken (its own commit), then the COMMIT of the call that spends it fails: 503, nothing spent,
+    and the same call sending it again is answered once; after that it is spent."""
+    _, key = make_account(client, 'member')
+    payment = proof(pay(anvil))
+    commit, commits = mp.Database.durable_commit, []
+
+    def failing_second(db):
+        commits.append(1)
+        return (RuntimeError('disk full'), None) if len(commits) == 2 else commit(db)
+    monkeypatch.setattr(mp.Database, 'durable_commit', failing_second)
+    answer = paid(client, payment, MATCH + '?categories=code', key=key)
+    assert_error(answer, 503, 'commit_failed')
+    assert payment_response(answer)['paymentSpent'] is False
+    assert db_of(client).value('SELECT granted_at FROM x402_payments') is None
+    answer = paid(client, payment, MATCH + '?categories=code', key=key)
+    assert (answer.status, payment_response(answer)['paymentSpent']) == (200, True), answer
+    again = paid(client, payment, MATCH + '?categories=code', key=key)
+    assert assert_error(again, 402, 'payment_replayed')['paymentSpent'] is True
+    assert len(commits) == 3        # the proof taken, the failed call, its retry: the refusal commits nothing
