@@ -8567,6 +8567,10 @@ def make_app(settings):
                     db.end_hold(lambda db: store_answer(db, key_hash, fingerprint, status, sealed))
                 except apsw.ConstraintError:    # another process answered this key first: this change is undone
                     return replay(stored_answer(db, key_hash), fingerprint, secret)
+                except APIError:        # its COMMIT failed: nothing holds, an x402 payment is not spent
+                    for name in ('X-PAYMENT-RESPONSE', 'PAYMENT-RESPONSE'):
+                        response.headers.pop(name, None)
+                    raise
         if succeeded:
             after_write(before)
         return body

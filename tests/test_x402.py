@@ -767,3 +767,28 @@ def test_a_paid_call_whose_commit_fails_is_503_and_its_retry_is_answered_once(cl
     again = paid(client, payment, MATCH + '?categories=code', key=key)
     assert assert_error(again, 402, 'payment_replayed')['paymentSpent'] is True
     assert len(commits) == 3        # the proof taken, the failed call, its retry: the refusal commits nothing
+
+
+def test_a_paid_call_with_an_idempotency_key_whose_commit_fails_claims_no_spent_payment(started, anvil, monkeypatch):
+    """With an Idempotency-Key the payment is spent in the COMMIT that stores the answer: when that COMMIT fails the
+    503 carries no receipt saying it was spent, and the retry is answered (and stored) once."""
+    client = started(x402_price=mp.parse_prices('POST /api/agents=0.01'))
+    _, key = make_account(client, 'member')
+    payment = proof(pay(anvil), call=('POST', '/api/agents'))
+    body = {'name': 'paid agent', 'walletAddress': OTHER, 'capabilities': {'categories': ['code']}}
+    commit, commits = mp.Database.durable_commit, []
+
+    def failing_second(db):
+        commits.append(1)
+        return (RuntimeError('disk full'), None) if len(commits) == 2 else commit(db)
+    monkeypatch.setattr(mp.Database, 'durable_commit', failing_second)
+    headers = {'X-PAYMENT': payment, 'Idempotency-Key': 'paid-once'}
+    answer = client.post('/api/agents', body, key=key, headers=headers)
+    assert_error(answer, 503, 'commit_failed')
+    assert header(answer, 'X-PAYMENT-RESPONSE') is None
+    assert (count(client, 'agents'), db_of(client).value('SELECT granted_at FROM x402_payments')) == (0, None)
+    answer = client.post('/api/agents', body, key=key, headers=headers)
+    assert (answer.status, payment_response(answer)['paymentSpent']) == (201, True), answer
+    again = client.post('/api/agents', body, key=key, headers=headers)
+    assert (again.status, header(again, 'Idempotent-Replayed'), again.json) == (201, 'true', answer.json)
+    assert count(client, 'agents') == 1
