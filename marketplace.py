@@ -4659,6 +4659,7 @@ X402_NEEDS_PAY_TO = '--x402-price needs --x402-pay-to: the address x402 payments
 X402_TIMEOUT_SECONDS = 60       # maxTimeoutSeconds: how long a client's authorization stays valid
 SETTLEMENT_WAIT = 10            # seconds a paid call waits for its settlement to be mined
 SETTLE_MARGIN = 6               # an authorization must stay valid this long for the relayer to settle it
+PAYMENT_WINDOW = 3600           # seconds an accepted payment not yet spent may pay its own call again (CONTRACT 20)
 X402_EXTENSION = 'https://github.com/google-a2a/a2a-x402/v0.1'
 # A facilitator's invalidReason / errorReason (x402's), as this service's codes and the check it names
 FACILITATOR_REASONS = {
@@ -4703,12 +4704,15 @@ class X402:
     a payment. A version is only a wire format: a payment in X-PAYMENT (1) or PAYMENT-SIGNATURE (2) goes through the
     same checks (verifier.x402.evaluate_payment), settlement and consumption, and is answered in its own version.
 
-    Payments go to --x402-pay-to, never to the escrow address. A form-1 proof is checked on chain and consumed in
-    the transaction that answers the call. A form-2 authorization is checked and its settlement simulated, then
-    settled before the call is answered: signed by the escrow wallet as relayer (it pays the gas) and stored in
-    the same transaction that reserves the authorization (so a crash never leaves a gap in the wallet's nonces),
-    sent, and awaited; or settled by --facilitator-url. A call whose settlement is slower than
-    SETTLEMENT_WAIT answers 503, and the same payment sent again is answered once the settlement is mined.
+    Payments go to --x402-pay-to, never to the escrow address. A payment is bound to the call it is first accepted
+    for (call_digest, CONTRACT.md 20) and spent in the transaction that answers that call below 400; until then only
+    that call may send it again, for PAYMENT_WINDOW. A form-1 proof, signed by its transfer's sender for the call
+    (PaymentProof), is checked on chain and stored with the call's digest. A form-2 authorization is checked and its
+    settlement simulated, then settled before the call is answered: signed by the escrow wallet as relayer (it pays
+    the gas) and stored in the same transaction that reserves the authorization (so a crash never leaves a gap in
+    the wallet's nonces), sent, and awaited; or settled by --facilitator-url. A call whose settlement is slower
+    than SETTLEMENT_WAIT answers 503, and the same call sending the same payment again is answered once the
+    settlement is mined.
     """
 
     def __init__(self, settings):
@@ -4762,17 +4766,23 @@ class X402:
                              'mimeType': 'application/json'},
                 'accepts': [self.requirements_v2(price)]}
 
-    def refusal(self, price, message, code, checks=None, retry_after=None):
-        """The 402 of a priced call in both versions: the x402 v1 body (x402Version, error, accepts) with this
-        service's code, and the v2 PaymentRequired in the PAYMENT-REQUIRED header. A node or facilitator that
-        cannot answer is the usual 503 instead (payment_error)."""
-        from verifier.x402 import encode_header
+    def refusal(self, price, message, code, checks=None, retry_after=None, spent=None):
+        """The 402 of a priced call in both versions: the x402 v1 body (x402Version, error, accepts, and the
+        PaymentProof a form-1 proof's sender signs for this call) with this service's code, and the v2
+        PaymentRequired in the PAYMENT-REQUIRED header; `spent` (paymentSpent) on a payment taken before. A node or
+        facilitator that cannot answer is the usual 503 instead (payment_error)."""
+        from verifier.x402 import encode_header, proof_typed_data
         if code == 'chain_unavailable':
             return payment_error(ChainUnavailable(message))
         resource = service().settings.base_url + request.path
-        extra = {'x402Version': 1, 'accepts': [self.requirements(price, resource)]}
+        extra = {'x402Version': 1, 'accepts': [self.requirements(price, resource)],
+                 'proofTypedData': proof_typed_data(tx_hash=None, method=price.method, path=request.path,
+                                                    chain_id=self.settings.chain_id,
+                                                    escrow=self.onchain.escrow_address)}
         if checks is not None:
             extra['checks'] = checks
+        if spent is not None:
+            extra['paymentSpent'] = spent
         headers = {'PAYMENT-REQUIRED': encode_header(self.payment_required(price, resource, message))}
         if retry_after:
             headers['Retry-After'] = str(retry_after)
@@ -4797,11 +4807,12 @@ class X402:
                 BadRequest(message, code='payment_invalid')
         return sent[0] if sent else (None, None)
 
-    def evaluate(self, db, header, price, mark=None, x402_version=1):
+    def evaluate(self, db, header, price, mark=None, x402_version=1, path=None):
         """Every check of a payment (the text of its header, of that x402 version) against a price
         (verifier.x402.evaluate_payment), the chain's included, the balance less what is promised to pending
         settlements (`mark`: settled_mark before the chain is read) and, for the relayer, the settlement
-        simulated; with a facilitator, an authorization's on-chain checks are the facilitator's."""
+        simulated; with a facilitator, an authorization's on-chain checks are the facilitator's. A proof's
+        signature is checked for the call of `price` at `path` (default: the request's)."""
         from verifier.x402 import PAYMENT_HEADERS, decode_payment_header, evaluate_payment
         mark = mark or self.settled_mark(db)
         try:
@@ -4817,7 +4828,8 @@ class X402:
             tx_used=lambda tx_hash: used_payment(db, self.settings.chain_id, tx_hash) is not None,
             authorization_used=lambda payer, nonce: self.authorization_record(db, payer, nonce) is not None,
             name=self.token_name, version=self.token_version, settle_within=0 if by_facilitator else SETTLE_MARGIN,
-            x402_version=x402_version)
+            x402_version=x402_version, escrow=self.onchain.escrow_address, method=price.method,
+            path=request.path if path is None else path)
         resource = payment.get('resource', (payment.get('payload') or {}).get('resource')) \
             if evaluation.form else None
         if isinstance(resource, dict):  # version 2: {url, description, mimeType}
@@ -4911,12 +4923,62 @@ class X402:
 
     # ----- taking a payment -----
 
+    def call_digest(self, db, account):
+        """What an accepted payment is bound to (CONTRACT.md 20): SHA-256 of the method, the path with its query, the
+        SHA-256 of the body, and the caller (its API key's id; a browser session's account; nothing without a key)."""
+        caller_id = ''
+        if account is not None:
+            scheme, _, key = request.get_header('Authorization', '').partition(' ')
+            caller_id = (scheme.lower() == 'bearer' and key.strip() and db.value(
+                'SELECT id FROM api_keys WHERE key_hash = :hash', {'hash': hash_key(key.strip())})) \
+                or f'account:{account["id"]}'
+        target = request.path + ('?' + request.query_string if request.query_string else '')
+        body = hashlib.sha256(read_raw_body()).hexdigest()
+        return hashlib.sha256(f'{request.method}\n{target}\n{body}\n{caller_id}'.encode('utf-8')).hexdigest()
+
+    def accepted(self, db, evaluation):
+        """The record of a payment accepted before (a proof by its transaction, an authorization by its payer and
+        nonce), or None."""
+        if evaluation.form == 'proof' and evaluation.tx_hash:
+            return db.row('''SELECT * FROM x402_payments
+                             WHERE chain_id = :chain AND tx_hash = :tx AND form = 'proof' ''',
+                          {'chain': self.settings.chain_id, 'tx': evaluation.tx_hash})
+        if evaluation.form == 'authorization' and evaluation.payer and evaluation.nonce:
+            return self.authorization_record(db, evaluation.payer, evaluation.nonce)
+        return None
+
+    def require_same_call(self, price, evaluation, record, digest):
+        """A payment accepted before pays again only for the call it was accepted for (the same digest), while that
+        call has no answer below 400 and for PAYMENT_WINDOW after it was accepted, whatever the authorization's
+        validBefore: else 402 payment_replayed, or payment_expired once the window has passed."""
+        checks = dict(evaluation.checks.as_dict(), notReplayed=False)
+        if record['granted_at'] is not None:
+            raise self.refusal(price, 'This payment has paid for a call already.', 'payment_replayed', checks,
+                               spent=True)
+        if parse_time(record['created_at']) + timedelta(seconds=PAYMENT_WINDOW) <= now():
+            raise self.refusal(price, f'This payment was taken at {record["created_at"]} for a call that was never '
+                                      'answered below 400; it could pay that call again for an hour only.',
+                               'payment_expired', checks, spent=False)
+        if not (record['call_digest'] and hmac.compare_digest(record['call_digest'], digest)):
+            raise self.refusal(price, 'This payment was taken for another call (method, path, query, body or key), '
+                                      'not yet answered: only that call may send it again, within an hour.',
+                               'payment_replayed', checks, spent=False)
+
+    def refuse_but(self, price, evaluation, allowed):
+        """Refuse a payment presented again for its own call if a check fails that its first acceptance does not
+        explain (`allowed`: its use, its age)."""
+        failed = [name for name in evaluation.checks.names if name in evaluation.checks.errors and name not in allowed]
+        if failed:
+            error = evaluation.checks.errors[failed[0]]
+            raise self.refusal(price, error.message, error.code, evaluation.checks.as_dict(), error.retry_after)
+
     def answer(self, price, handler, params, account=None):
-        """Answer a priced call paid with X-PAYMENT (x402 v1) or PAYMENT-SIGNATURE (v2): the payment checked,
-        settled if it is an authorization, then consumed in the transaction that runs the handler, and the receipt
-        set in that version's header. 402 if it does not check out. A call with a key acts as the key's `account`;
-        without one, a signed authorization acts as the payer's wallet account, and a proof of a transfer acts as
-        no one, for anyone can copy it from the chain, so it cannot pay a call that needs an account."""
+        """Answer a priced call paid with X-PAYMENT (x402 v1) or PAYMENT-SIGNATURE (v2): the payment checked and
+        accepted for this call (a proof stored, an authorization settled, each with the call's digest), then spent
+        in the transaction that runs the handler if it answers below 400, and the receipt set in that version's
+        header (`paymentSpent` says whether it was spent). 402 if it does not check out, or if it was accepted for
+        another call. A call with a key acts as the key's `account`; without one, as the payer's wallet account
+        (a proof's signature, an authorization's, names the payer), made once and kept."""
         from verifier.x402 import RESPONSE_HEADERS, encode_header
         svc = service()
         header, x402_version = self.payment_header(price)
@@ -4926,48 +4988,70 @@ class X402:
                                + ' with one of `accepts` (x402).', 'payment_required')
         mark = self.settled_mark(svc.db)        # before the chain is read
         evaluation = self.evaluate(svc.db, header, price, mark, x402_version)
-        if evaluation.form == 'proof' and account is None and \
-                API_OPERATIONS[(price.method, price.rule)].get('auth') == 'key':
-            evaluation.checks.fail('signature', VerificationError(
-                f'{price.endpoint} acts as the payer\'s account: pay it with a signed authorization (or with an API '
-                'key). A proof of a transfer does not show who sends it (anyone can copy it from the chain).',
-                'payment_invalid'))
-        record = None
+        record = self.accepted(svc.db, evaluation)
+        if record is None and evaluation.error is not None:
+            raise self.refuse(price, evaluation)        # before the body is read: a refused payment takes nothing
+        digest = self.call_digest(svc.db, account)
+        if record is not None:
+            self.require_same_call(price, evaluation, record, digest)
         if evaluation.form == 'authorization':
-            record = self.settlement(svc.db, evaluation, price, mark)
-        elif evaluation.error:
-            raise self.refuse(price, evaluation)
-        moment = now_iso()
-        with svc.db.transaction():
-            if account is None and record:
-                account = wallet_account(svc.db, evaluation.payer)
-            try:
-                if record is None:      # form 1: the proof is consumed here
-                    record = {'id': new_id(), 'form': 'proof', 'endpoint': price.endpoint,
-                              'chain_id': self.settings.chain_id, 'asset': self.onchain.usdc,
-                              'payer': evaluation.payer, 'amount': evaluation.amount, 'tx_hash': evaluation.tx_hash,
-                              'status': 'confirmed', 'account_id': account and account['id'], 'granted_at': moment,
-                              'created_at': moment}
-                    svc.db.insert('used_payments', {'chain_id': self.settings.chain_id, 'tx_hash': record['tx_hash'],
-                                                    'purpose': 'x402', 'created_at': moment})
-                    svc.db.insert('x402_payments', record)
-                elif not svc.db.execute('''UPDATE x402_payments SET granted_at = :moment, account_id = :account,
-                                           endpoint = :endpoint WHERE id = :id AND granted_at IS NULL''',
-                                        {'moment': moment, 'account': account['id'], 'endpoint': price.endpoint,
-                                         'id': record['id']}):
-                    raise apsw.ConstraintError('answered already')
-            except apsw.ConstraintError:        # the same proof, taken by a call at the same moment
-                raise self.refusal(price, 'This payment has paid for a call already.', 'payment_replayed') from None
-            request.environ['marketplace.account'] = account
-            result = handler(**params)
-        response.set_header(RESPONSE_HEADERS[x402_version], encode_header(
-            {'success': True, 'transaction': record['tx_hash'], 'network': self.network_of(x402_version),
-             'payer': evaluation.payer}))
+            record = self.settlement(svc.db, evaluation, price, mark, digest)
+        else:
+            record = self.take_proof(svc.db, evaluation, price, record, digest)
+        if account is None:
+            account = wallet_account(svc.db, evaluation.payer)
+        receipt = {'success': True, 'transaction': record['tx_hash'], 'network': self.network_of(x402_version),
+                   'payer': evaluation.payer}
+        try:
+            with svc.db.transaction():
+                granted = svc.db.execute('''UPDATE x402_payments SET granted_at = :moment, account_id = :account,
+                                            endpoint = :endpoint WHERE id = :id AND granted_at IS NULL''',
+                                         {'moment': now_iso(), 'account': account['id'], 'endpoint': price.endpoint,
+                                          'id': record['id']})
+                if granted:
+                    request.environ['marketplace.account'] = account
+                    result = handler(**params)
+        except (APIError, VerificationError):     # answered 400 or more: not spent, still this call's
+            response.set_header(RESPONSE_HEADERS[x402_version], encode_header(dict(receipt, paymentSpent=False)))
+            raise
+        if not granted:         # the same call, answered at the same moment
+            raise self.refusal(price, 'This payment has paid for a call already.', 'payment_replayed',
+                               dict(evaluation.checks.as_dict(), notReplayed=False), spent=True)
+        response.set_header(RESPONSE_HEADERS[x402_version], encode_header(dict(receipt, paymentSpent=True)))
         return result
 
-    def settlement(self, db, evaluation, price, mark):
-        """The confirmed settlement of a form-2 payment not yet answered: made now, or, when the same payment
-        comes again after a 503, the one made then."""
+    def take_proof(self, db, evaluation, price, record, digest):
+        """A form-1 proof accepted for this call: stored with the call's digest, its hash marked used, in a
+        transaction of its own (so that it stays bound to this call whatever the call answers); or, when this call
+        presents it again, the record stored then."""
+        allowed = ('fresh', 'notReplayed')          # what its first acceptance changed, or time did
+        if record is None and evaluation.error is None:
+            moment = now_iso()
+            record = {'id': new_id(), 'form': 'proof', 'endpoint': price.endpoint, 'chain_id': self.settings.chain_id,
+                      'asset': self.onchain.usdc, 'payer': evaluation.payer, 'amount': evaluation.amount,
+                      'tx_hash': evaluation.tx_hash, 'status': 'confirmed', 'call_digest': digest,
+                      'created_at': moment}
+            try:
+                with db.transaction():
+                    db.insert('used_payments', {'chain_id': self.settings.chain_id, 'tx_hash': record['tx_hash'],
+                                                'purpose': 'x402', 'created_at': moment})
+                    db.insert('x402_payments', record)
+                return record
+            except apsw.ConstraintError:        # taken at the same moment, for this call or another
+                record = self.accepted(db, evaluation)
+                if record is None:
+                    raise self.refusal(price, 'This transaction has paid for something already.',
+                                       'payment_replayed') from None
+                self.require_same_call(price, evaluation, record, digest)
+        if record is None:
+            raise self.refuse(price, evaluation)
+        self.refuse_but(price, evaluation, allowed)
+        return record
+
+    def settlement(self, db, evaluation, price, mark, digest):
+        """The confirmed settlement of a form-2 payment not yet answered: made now (stored with the call's
+        `digest`), or, when the same call sends the same payment again (after a 503, a 4xx or a time-out), the one
+        made then."""
         record = evaluation.payer and self.authorization_record(db, evaluation.payer, evaluation.nonce)
         # The same authorization again: only what its own settlement changed may fail now.
         again = record is not None and record['tx_hash'] is not None and record['granted_at'] is None and \
@@ -4984,17 +5068,17 @@ class X402:
                 self.facilitator_verdict(evaluation, price)
             if evaluation.error:
                 raise self.refuse(price, evaluation)
-            record = self.settle_by_facilitator(db, evaluation, price) if self.facilitator else \
-                self.relay(db, evaluation, price, mark)
+            record = self.settle_by_facilitator(db, evaluation, price, digest) if self.facilitator else \
+                self.relay(db, evaluation, price, mark, digest)
         if record['status'] == 'pending':
             record = self.await_settlement(db, record, price)
         return record
 
-    def new_record(self, evaluation, price, **fields):
+    def new_record(self, evaluation, price, digest, **fields):
         return dict({'id': new_id(), 'form': 'authorization', 'endpoint': price.endpoint,
                      'chain_id': self.settings.chain_id, 'asset': self.onchain.usdc, 'payer': evaluation.payer,
                      'amount': evaluation.amount, 'authorization_nonce': evaluation.nonce, 'status': 'pending',
-                     'created_at': now_iso()}, **fields)
+                     'call_digest': digest, 'created_at': now_iso()}, **fields)
 
     def reserve(self, db, record, price, sign=None, covered=None):
         """Store a settlement (its authorization can be reserved once), signing it inside the transaction, after
@@ -5009,25 +5093,27 @@ class X402:
                                                 'purpose': 'x402', 'account_id': None, 'job_id': None,
                                                 'created_at': record['created_at']})
                 db.insert('x402_payments', record)
-        except apsw.ConstraintError:
-            raise self.refusal(price, 'This authorization has been used already.', 'payment_replayed') from None
+        except apsw.ConstraintError:        # reserved at the same moment by another call (or this one)
+            taken = self.authorization_record(db, record['payer'], record['authorization_nonce'])
+            raise self.refusal(price, 'This authorization has been used already.', 'payment_replayed',
+                               spent=bool(taken and taken['granted_at'])) from None
 
-    def relay(self, db, evaluation, price, mark):
+    def relay(self, db, evaluation, price, mark, digest):
         """Settle with the escrow wallet as relayer: signed and stored (await_settlement sends it), if in that
         transaction the payer's balance still covers it. Requests racing each other may all have read the same
         balance; one transaction at a time, each finds what the others reserved."""
         def covered():
             if not self.covered(db, evaluation, mark):
                 raise self.refuse(price, evaluation)
-        record = self.new_record(evaluation, price)
+        record = self.new_record(evaluation, price, digest)
         self.reserve(db, record, price, sign=lambda: self.onchain.sign_settlement(db, evaluation.payment),
                      covered=covered)
         return record
 
-    def settle_by_facilitator(self, db, evaluation, price):
+    def settle_by_facilitator(self, db, evaluation, price, digest):
         """Settle through the facilitator's /settle. The authorization is reserved while it runs; if the
         facilitator refuses or does not answer, the reservation goes, so that the payment can be tried again."""
-        record = self.new_record(evaluation, price)
+        record = self.new_record(evaluation, price, digest)
         self.reserve(db, record, price)
         try:
             result = self.facilitator_call('settle', evaluation, price)
@@ -5084,13 +5170,20 @@ def used_payment(db, chain_id, tx_hash):
 
 
 def wallet_account(db, address):
-    """The account a wallet's paid calls act as, made on its first payment (inside the caller's transaction)."""
-    account = db.row('''SELECT a.id, a.name, a.role FROM wallet_accounts w JOIN accounts a ON a.id = w.account_id
-                        WHERE w.address = :address''', {'address': address})
+    """The account a wallet's keyless paid calls act as, made when its first payment is accepted, in a transaction
+    of its own: it stays whatever that call answers, so the account a client is told (fundingTypedData) is the
+    same on every try."""
+    query = '''SELECT a.id, a.name, a.role FROM wallet_accounts w JOIN accounts a ON a.id = w.account_id
+               WHERE w.address = :address'''
+    account = db.row(query, {'address': address})
     if account is None:
-        account = {'id': new_id(), 'name': f'wallet {address}', 'role': 'member'}
-        db.insert('accounts', dict(account, created_at=now_iso()))
-        db.insert('wallet_accounts', {'address': address, 'account_id': account['id'], 'created_at': now_iso()})
+        with db.transaction():
+            account = db.row(query, {'address': address})     # made meanwhile by another call
+            if account is None:
+                account = {'id': new_id(), 'name': f'wallet {address}', 'role': 'member'}
+                db.insert('accounts', dict(account, created_at=now_iso()))
+                db.insert('wallet_accounts', {'address': address, 'account_id': account['id'],
+                                              'created_at': now_iso()})
     return account
 
 
@@ -5248,13 +5341,15 @@ def post_x402():
         price = x402.prices.get(route_of(endpoint))
         if price is None:
             raise NotFound(f'{endpoint} is not priced; GET /api/x402 lists the priced endpoints.', code='not_priced')
+        path = endpoint.strip().partition(' ')[2].strip()       # a proof's signature is checked for this path
     else:
         price = next(iter(x402.prices.values()))
+        path = openapi_path(price.rule)
     header, x402_version = x402.payment_header()
     if not header:
         raise BadRequest('Send the payment to check as the X-PAYMENT (x402 v1) or PAYMENT-SIGNATURE (v2) header '
                          '(base64 of its JSON).', code='payment_invalid')
-    evaluation = x402.evaluate(svc.db, header, price, x402_version=x402_version)
+    evaluation = x402.evaluate(svc.db, header, price, x402_version=x402_version, path=path)
     if x402.facilitator and evaluation.form == 'authorization' and evaluation.error is None:
         x402.facilitator_verdict(evaluation, price)
     answer = {'valid': evaluation.valid, 'checks': evaluation.checks.as_dict(), 'endpoint': price.endpoint,
@@ -7352,7 +7447,29 @@ API_SCHEMAS = {
         'accepts': {'type': 'array', 'items': schema_ref('X402Requirements'),
                     'description': 'Only on the 402 of an x402-priced call: how to pay for it.'},
         'checks': dict(schema_ref('X402Checks'), description='Only on the 402 of a refused x402 payment.'),
-    }, optional=['fields', 'paymentRequirements', 'jobId', 'fundingTypedData', 'x402Version', 'accepts', 'checks']),
+        'proofTypedData': dict(schema_ref('ProofTypedData'), description='Only on the 402 of an x402-priced call: '
+                               'what the sender of a form-1 proof\'s transfer signs as its `signature`.'),
+        'paymentSpent': {'type': 'boolean', 'description': 'Only on 402 payment_replayed and payment_expired of an '
+                         'x402-priced call: true when the payment paid for a call (answered below 400); false when '
+                         'it was taken for a call never so answered (only that call may send it again, for an hour '
+                         'after it was taken).'},
+    }, optional=['fields', 'paymentRequirements', 'jobId', 'fundingTypedData', 'x402Version', 'accepts', 'checks',
+                 'proofTypedData', 'paymentSpent']),
+    'ProofTypedData': closed_object({
+        'domain': closed_object({
+            'name': {'type': 'string', 'enum': ['Job Marketplace']}, 'version': {'type': 'string', 'enum': ['1']},
+            'chainId': {'type': 'integer'},
+            'verifyingContract': dict(ADDRESS_SCHEMA, description='The escrow address (the funding domain).')}),
+        'types': {'type': 'object', 'additionalProperties': {'type': 'array', 'items': closed_object({
+            'name': {'type': 'string'}, 'type': {'type': 'string'}})},
+                  'description': 'EIP712Domain and PaymentProof(bytes32 txHash,string method,string path).'},
+        'primaryType': {'type': 'string', 'enum': ['PaymentProof']},
+        'message': closed_object({
+            'txHash': dict(nullable(TX_HASH_SCHEMA), description='null: fill in the transfer\'s hash.'),
+            'method': {'type': 'string', 'examples': ['GET']},
+            'path': {'type': 'string', 'description': 'The path of the call, without its query string.'}}),
+    }, description='EIP-712 typed data (as eth_signTypedData_v4 and eth-account take it) binding a form-1 x402 '
+                   'proof to the call it pays, signed by the transfer\'s sender.'),
     'FundingTypedData': closed_object({
         'domain': closed_object({
             'name': {'type': 'string', 'enum': ['Job Marketplace']}, 'version': {'type': 'string', 'enum': ['1']},
@@ -8181,10 +8298,13 @@ API_HEADERS = {
     'X-RateLimit-Remaining': {'description': 'Requests left in this window.', 'schema': {'type': 'integer'}},
     'X-RateLimit-Reset': {'description': 'Unix time (seconds) when the window resets.', 'schema': {'type': 'integer'}},
     'X-PAYMENT-RESPONSE': {'description': 'On a call paid with x402 v1 (X-PAYMENT): base64 of {success, '
-                                          'transaction, network, payer}, network as v1 names it ("base").',
+                                          'transaction, network, payer, paymentSpent}, network as v1 names it '
+                                          '("base"); paymentSpent is true on an answer below 400, false on one of '
+                                          '400 or more (the payment still pays only this call, for an hour).',
                            'schema': {'type': 'string'}},
     'PAYMENT-RESPONSE': {'description': 'On a call paid with x402 v2 (PAYMENT-SIGNATURE): base64 of {success, '
-                                        'transaction, network, payer}, network in CAIP-2 ("eip155:8453").',
+                                        'transaction, network, payer, paymentSpent}, network in CAIP-2 '
+                                        '("eip155:8453"); paymentSpent as in X-PAYMENT-RESPONSE.',
                          'schema': {'type': 'string'}},
     'PAYMENT-REQUIRED': {'description': 'On the 402 of an x402-priced call: base64 of x402 v2\'s PaymentRequired '
                                         '{x402Version: 2, error, resource: {url, description, mimeType}, accepts}.',
@@ -8286,8 +8406,10 @@ def priced_operation(operation, price):
                                 'x402Exempt (GET /api/x402).').strip()
     operation['parameters'] = operation.get('parameters', []) + [{
         'name': 'X-PAYMENT', 'in': 'header', 'schema': {'type': 'string'},
-        'description': 'An x402 v1 payment (base64 of its JSON): a proof of a USDC transfer or an EIP-3009 '
-                       'authorization. Not needed with an admin key or the key of an exempt account.'}, {
+        'description': 'An x402 v1 payment (base64 of its JSON): a proof of a USDC transfer (with `signature`, '
+                       'the sender\'s PaymentProof of this call: see the 402\'s proofTypedData) or an EIP-3009 '
+                       'authorization. Not needed with an admin key or the key of an exempt account. A payment '
+                       'pays for the call it was first accepted for, once.'}, {
         'name': 'PAYMENT-SIGNATURE', 'in': 'header', 'schema': {'type': 'string'},
         'description': 'An x402 v2 payment (base64 of {x402Version: 2, accepted, payload, resource?}), `payload` in '
                        'either form, `accepted` one of the 402\'s PAYMENT-REQUIRED `accepts`. Instead of X-PAYMENT.'}]
@@ -8295,7 +8417,9 @@ def priced_operation(operation, price):
         operation['responses'].setdefault(str(status), {'$ref': f'#/components/responses/{ERROR_RESPONSES[status][0]}'})
     operation['responses']['402'] = {
         'description': 'Pay first: `accepts` says how (x402 v1), and the PAYMENT-REQUIRED header (x402 v2); after a '
-                       'refused payment `code` and `checks` say which check failed.',
+                       'refused payment `code` and `checks` say which check failed: `payment_signature_invalid` '
+                       '(a proof without its sender\'s PaymentProof), `payment_replayed` (spent, or taken for '
+                       'another call: see paymentSpent), `payment_expired`, and the other payment codes.',
         'content': json_content('Error'), 'headers': header_refs(('PAYMENT-REQUIRED', 'Retry-After'))}
     for status, answer in operation['responses'].items():
         if status.startswith('2'):
@@ -8678,6 +8802,10 @@ def make_app(settings):
                     db.end_hold(lambda db: store_answer(db, key_hash, fingerprint, status, sealed))
                 except apsw.ConstraintError:    # another process answered this key first: this change is undone
                     return replay(stored_answer(db, key_hash), fingerprint, secret)
+                except APIError:        # its COMMIT failed: nothing holds, an x402 payment is not spent
+                    for name in ('X-PAYMENT-RESPONSE', 'PAYMENT-RESPONSE'):
+                        response.headers.pop(name, None)
+                    raise
         if succeeded:
             after_write(before)
         return body

@@ -269,8 +269,9 @@ CREATE TABLE IF NOT EXISTS wallet_accounts (
 
 -- Every x402 payment taken: form 'proof' (a USDC transfer already made) or 'authorization' (an EIP-3009
 -- transferWithAuthorization the service settles: signed by the escrow wallet as relayer, stored, then sent, like a
--- payout; or settled by the facilitator). A paid call is answered once: granted_at is set in the transaction that
--- answers it. x402 income is the operator's, kept out of the jobs' escrow ledger.
+-- payout; or settled by the facilitator). A payment is bound to the call it was accepted for (call_digest) and
+-- spent once: granted_at is set in the transaction that answers that call below 400. x402 income is the
+-- operator's, kept out of the jobs' escrow ledger.
 CREATE TABLE IF NOT EXISTS x402_payments (
     seq                  INTEGER PRIMARY KEY,
     id                   TEXT NOT NULL UNIQUE,
@@ -286,12 +287,15 @@ CREATE TABLE IF NOT EXISTS x402_payments (
     raw_tx               TEXT,                  -- a settlement sent by the service: as for payouts
     nonce                INTEGER,
     broadcast_at         TEXT,
-    account_id           TEXT REFERENCES accounts(id),    -- the payer's account the call ran as (form 2 only)
-    granted_at           TEXT,
-    created_at           TEXT NOT NULL,
+    account_id           TEXT REFERENCES accounts(id),    -- the account the call ran as (a key's, or the payer's)
+    granted_at           TEXT,                  -- when it was spent: its call answered below 400
+    created_at           TEXT NOT NULL,         -- when it was accepted: its call may send it again for an hour
+    call_digest          TEXT,                  -- SHA-256 of the call it was accepted for (method, path and query,
+                                                -- body's SHA-256, API key id); NULL (taken before v9): no call's
     UNIQUE (chain_id, asset, payer, authorization_nonce)
 );
 CREATE INDEX IF NOT EXISTS x402_payments_pending ON x402_payments(status) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS x402_payments_tx ON x402_payments(chain_id, tx_hash);
 
 -- Stripe webhook events applied (each once, by its id), and what they recorded on a job (charge.refunded...).
 CREATE TABLE IF NOT EXISTS stripe_events (

@@ -9,6 +9,7 @@ chain id 8453, and TestUSDC (fixtures/TestUSDC.sol) placed at the real Base USDC
         tx_hash = chain.transfer(payer.key, escrow_address, 25_000_000)   # '0x...' (mined)
         chain.balance(escrow_address)           # 25_000_000
         sign_funding(payer.key, account_id, tx_hash, escrow_address)     # POST /api/jobs's escrowSignature
+        sign_proof(payer.key, tx_hash, 'GET', '/api/jobs/match', escrow_address)     # a form-1 x402 proof's signature
         signed = sign_authorization(payer.key, escrow_address, 10_000, *chain.window())   # valid on every clock
 
 Transactions are signed here with eth-account and sent raw (eth_sendRawTransaction), as the service
@@ -314,6 +315,23 @@ def funding_typed_data(account, tx_hash, escrow, chain_id=CHAIN_ID):
                       'Funding': [{'name': 'account', 'type': 'string'}, {'name': 'txHash', 'type': 'bytes32'}]},
             'primaryType': 'Funding',
             'message': {'account': account, 'txHash': tx_hash}}
+
+
+def proof_typed_data(tx_hash, method, path, escrow, chain_id=CHAIN_ID):
+    """The EIP-712 typed data that binds a form-1 x402 proof to the call it pays (CONTRACT.md 20), in the funding
+    domain, written out here as a client would, independently of verifier/x402.py."""
+    typed_data = funding_typed_data(None, tx_hash, escrow, chain_id)
+    typed_data['types']['PaymentProof'] = [{'name': 'txHash', 'type': 'bytes32'}, {'name': 'method', 'type': 'string'},
+                                           {'name': 'path', 'type': 'string'}]
+    del typed_data['types']['Funding']
+    return dict(typed_data, primaryType='PaymentProof', message={'txHash': tx_hash, 'method': method, 'path': path})
+
+
+def sign_proof(key, tx_hash, method, path, escrow, chain_id=CHAIN_ID):
+    """A form-1 proof's `signature`: the PaymentProof of the call `method` `path` (no query string) for the
+    transfer `tx_hash`, signed by `key` (its sender) ('0x' + 130 hex)."""
+    typed_data = proof_typed_data(tx_hash, method, path, escrow, chain_id)
+    return Account.sign_typed_data(key, full_message=typed_data).signature.to_0x_hex()
 
 
 def sign_funding(key, account, tx_hash, escrow, chain_id=CHAIN_ID):

@@ -632,6 +632,25 @@ def test_a_new_database_gets_the_schema_without_migrations(tmp_path):
     db.close()
 
 
+def test_migration_9_gives_x402_payments_their_call_digest(tmp_path):
+    """A version 8 database (x402_payments without call_digest) migrates: its payments keep their rows, with no
+    call's digest (so one taken before and never spent pays no call now)."""
+    db = mp.Database(tmp_path / 'v8.db')
+    db.migrate()
+    with db.transaction():
+        db.conn.execute('''DROP INDEX x402_payments_tx; ALTER TABLE x402_payments DROP COLUMN call_digest;
+                           PRAGMA user_version = 8;''')
+        db.insert('x402_payments', {'id': 'p1', 'form': 'proof', 'endpoint': 'GET /api/jobs/match', 'chain_id': 8453,
+                                    'asset': 'USDC', 'payer': '0xpayer', 'amount': 10_000, 'tx_hash': '0xtx',
+                                    'status': 'confirmed', 'created_at': mp.now_iso()})
+    db.migrate()
+    assert db.value('PRAGMA user_version') == 9
+    assert db.row('SELECT id, call_digest, granted_at FROM x402_payments') == \
+        {'id': 'p1', 'call_digest': None, 'granted_at': None}
+    assert db.value("SELECT count(*) FROM sqlite_schema WHERE name = 'x402_payments_tx'") == 1
+    db.close()
+
+
 def test_widening_a_check_refuses_a_schema_it_does_not_know(tmp_path):
     """widen_checks edits a CHECK's text in place; a table whose text is not the expected one stops the migration."""
     db = mp.Database(tmp_path / 'odd.db')

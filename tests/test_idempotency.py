@@ -314,7 +314,7 @@ def test_a_paid_call_is_replayed_with_its_payment_response_and_paid_once(tmp_pat
         client = Client(app)
         _, api_key = make_account(client)
         tx_hash = pay(anvil)
-        key, payment = new_key(), proof(tx_hash)
+        key, payment = new_key(), proof(tx_hash, call=('POST', '/api/jobs'))
         if version == 2:        # the same proof as x402 version 2 carries it, naming the requirements it pays
             payload = json.loads(base64.b64decode(payment))['payload']
             payment = header_of({'x402Version': 2, 'accepted': REQUIREMENTS_V2, 'payload': payload})
@@ -331,6 +331,10 @@ def test_a_paid_call_is_replayed_with_its_payment_response_and_paid_once(tmp_pat
         assert header(again, 'Idempotent-Replayed') == 'true'
         db = app.service.db
         assert (db.value('SELECT count(*) FROM jobs'), db.value('SELECT count(*) FROM x402_payments')) == (1, 1)
+        assert paid['paymentSpent'] is True and db.value('SELECT granted_at FROM x402_payments') is not None
+        other = client.post('/api/jobs', body, key=api_key, headers={'Idempotency-Key': new_key(), sent: payment})
+        assert assert_error(other, 402, 'payment_replayed')['paymentSpent'] is True     # spent with the answer stored
+        assert db.value('SELECT count(*) FROM jobs') == 1
         unpaid = client.post('/api/jobs', body, key=api_key, headers={'Idempotency-Key': new_key()})
         assert_error(unpaid, 402, 'payment_required')
         assert db.value('SELECT count(*) FROM idempotency_keys') == 1      # a 402 is not stored: pay, send again

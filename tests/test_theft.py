@@ -7,6 +7,8 @@ the rules themselves are tested in-process in test_disputes.py, test_sweeps.py, 
 Only 127.0.0.1. Every test on the chain uses the `usdc` fixture, so the chain is put back as it was after it.
 """
 
+import base64
+import json
 import re
 import sqlite3
 import time
@@ -14,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 
 import requests
 
-from chain import DEV_ADDRESSES, DEV_KEYS, USDC, Account, sign_authorization, sign_funding
+from chain import DEV_ADDRESSES, DEV_KEYS, USDC, Account, Web3, sign_authorization, sign_funding, sign_proof
 from conftest import ADMIN_KEY, LiveServer, job_body, random_wallet
 from test_onchain import ESCROW, ESCROW_KEY, assert_refused, ledger_of, running
 from test_x402 import PAY_TO
@@ -307,3 +309,127 @@ def test_a_changed_admin_key_revokes_the_old_one_and_ends_its_sessions_at_start(
         roles = conn.execute("SELECT a.role, k.revoked_at IS NOT NULL FROM accounts a JOIN api_keys k "
                              "ON k.account_id = a.id WHERE k.from_env = 1 ORDER BY k.created_at").fetchall()
     assert roles == [('member', 1), ('admin', 0)]           # the old key's account is an admin no more
+
+
+# 5. A settled x402 payment whose call failed, rebuilt from the chain; a form-1 hash copied ------------------
+
+def rebuilt_authorization(anvil, settlement):
+    """The X-PAYMENT a stranger rebuilds from a settlement on chain: transferWithAuthorization's arguments (from,
+    to, value, validAfter, validBefore, nonce, v, r, s) read back from its calldata."""
+    data = bytes(anvil.w3.eth.get_transaction(settlement)['input'])
+    assert data[:4].hex() == 'e3ee160e', data[:4].hex()
+    words = [data[4 + 32 * i: 36 + 32 * i] for i in range(9)]
+    authorization = {'from': Web3.to_checksum_address(words[0][12:]), 'to': Web3.to_checksum_address(words[1][12:]),
+                     'value': str(int.from_bytes(words[2], 'big')), 'validAfter': str(int.from_bytes(words[3], 'big')),
+                     'validBefore': str(int.from_bytes(words[4], 'big')), 'nonce': '0x' + words[5].hex()}
+    signature = '0x' + words[7].hex() + words[8].hex() + format(int.from_bytes(words[6], 'big'), '02x')
+    return header_of(x_payment({'signature': signature, 'authorization': authorization}))
+
+
+def paid_header(anvil, key, amount=CENT):
+    return header_of(x_payment(sign_authorization(key, PAY_TO, amount, *anvil.window(ahead=3600))))
+
+
+def receipt_of(answer):
+    return json.loads(base64.b64decode(answer.headers['X-PAYMENT-RESPONSE']))
+
+
+def test_a_settled_payment_whose_call_failed_cannot_approve_a_strangers_delivery(anvil, usdc, tmp_path):
+    """The attack: the victim's paid, keyless verify had a typo in its claim id (404, after its authorization was
+    settled); a stranger rebuilt the authorization from the chain and, with no key, approved its own junk delivery
+    as the victim's wallet account: the 10 USDC escrow went to the attacker. The same settlement also paid the
+    stranger's own keyed calls. Now the payment pays only the call it was taken for."""
+    db = tmp_path / 'm.db'
+    prices = ('--x402-pay-to', PAY_TO, '--x402-price', 'POST /api/jobs=0.01',
+              '--x402-price', 'POST /api/jobs/:id/verify=0.01', '--x402-price', 'GET /api/jobs/match=0.01')
+    with onchain_server(db, anvil, *prices) as server:
+        anvil.mint(VICTIM, 10_000_000 + 10 * CENT)
+        funding = anvil.transfer(VICTIM_KEY, ESCROW, 10_000_000)
+        body = job_body(paymentAmount='10.00', escrowTxHash=funding)
+
+        # The victim posts its job without a key, as its wallet: told which account to sign the funding for,
+        # the same account on every try (it is kept though the first call was refused).
+        told = []
+        for _ in range(2):
+            answer = Caller(server).call('POST', '/api/jobs', body,
+                                         headers={'X-PAYMENT': paid_header(anvil, VICTIM_KEY)})
+            refused = assert_refused(answer, 402, 'payment_signature_invalid')
+            told.append(refused['fundingTypedData']['message']['account'])
+            assert receipt_of(answer)['paymentSpent'] is False
+        assert told[0] == told[1], told
+        signed = dict(body, escrowSignature=sign_funding(VICTIM_KEY, told[0], funding, ESCROW))
+        answer = Caller(server).call('POST', '/api/jobs', signed, headers={'X-PAYMENT': paid_header(anvil, VICTIM_KEY)})
+        assert answer.status_code == 201, answer.text
+        job = answer.json()['job']
+        assert job['requesterId'] == told[0] and receipt_of(answer)['paymentSpent'] is True
+
+        thief, agent = register(server, 'attacker worker', ATTACKER)
+        claim = claim_and_deliver(thief, agent, job)
+
+        # The victim's verify with a typo in the claim id: its payment settles, the call answers 404.
+        typo = {'claimId': '3f2504e0-4f89-11d3-9a0c-0305e82c3301', 'approved': False, 'reason': 'Junk.'}
+        victims = paid_header(anvil, VICTIM_KEY)
+        answer = Caller(server).call('POST', f'/api/jobs/{job["id"]}/verify', typo, headers={'X-PAYMENT': victims})
+        assert_refused(answer, 404, 'not_found')
+        settlement = receipt_of(answer)['transaction']
+        assert receipt_of(answer)['paymentSpent'] is False
+        stolen = rebuilt_authorization(anvil, settlement)
+
+        # The stranger approves its own delivery with it, without a key: refused, nothing done.
+        approve = {'claimId': claim['id'], 'approved': True}
+        answer = Caller(server).call('POST', f'/api/jobs/{job["id"]}/verify', approve, headers={'X-PAYMENT': stolen})
+        refused = assert_refused(answer, 402, 'payment_replayed')
+        assert (refused['paymentSpent'], refused['checks']['notReplayed']) == (False, False), refused
+        assert 'X-PAYMENT-RESPONSE' not in answer.headers
+        # ... nor does it pay for the stranger's own keyed call.
+        answer = thief.call('GET', '/api/jobs/match?categories=code', headers={'X-PAYMENT': stolen})
+        assert assert_refused(answer, 402, 'payment_replayed')['paymentSpent'] is False
+
+        detail = Caller(server, ADMIN_KEY).ok('GET', f'/api/jobs/{job["id"]}')
+        assert (detail['job']['status'], detail['job']['escrowStatus']) == ('delivered', 'locked'), detail['job']
+        assert [payment['type'] for payment in detail['payments']] == ['escrow']
+        assert (anvil.balance(ESCROW), anvil.balance(ATTACKER)) == (10_000_000, 0)
+
+        # The victim's own call, sent again with the same payment: still its own (the same 404), never spent.
+        for header in (victims, stolen):        # as the stranger rebuilt it, too: it is the same payment
+            answer = Caller(server).call('POST', f'/api/jobs/{job["id"]}/verify', typo, headers={'X-PAYMENT': header})
+            assert_refused(answer, 404, 'not_found')
+            assert receipt_of(answer) == {'success': True, 'transaction': settlement, 'network': 'base',
+                                          'payer': VICTIM, 'paymentSpent': False}
+        assert server.terminate() == 0
+    conn = sqlite3.connect(f'file:{db}?mode=ro', uri=True)
+    rows = conn.execute('SELECT endpoint, granted_at IS NOT NULL FROM x402_payments ORDER BY seq').fetchall()
+    conn.close()
+    assert rows == [('POST /api/jobs', 0), ('POST /api/jobs', 0), ('POST /api/jobs', 1),
+                    ('POST /api/jobs/{job_id}/verify', 0)]
+    assert ledger_of(db) == []
+
+
+def test_a_copied_form1_hash_is_worth_nothing_to_whoever_did_not_send_it(anvil, usdc, tmp_path):
+    """A form-1 proof names a public transaction: without its sender's PaymentProof signature, or with anyone
+    else's, it pays nothing (payment_signature_invalid) and stays the sender's to use."""
+    db = tmp_path / 'm.db'
+    with onchain_server(db, anvil, '--x402-pay-to', PAY_TO, '--x402-price', 'GET /api/jobs/match=0.01') as server:
+        anvil.mint(VICTIM, CENT)
+        tx_hash = anvil.transfer(VICTIM_KEY, PAY_TO, CENT)
+        timestamp = anvil.w3.eth.get_block(anvil.receipt(tx_hash)['blockNumber'])['timestamp']
+        claims = {'txHash': tx_hash, 'from': VICTIM, 'amount': '0.01', 'to': PAY_TO, 'chainId': 8453,
+                  'tokenAddress': USDC, 'timestamp': timestamp}
+        stranger, _ = register(server, 'stranger')
+        path = '/api/jobs/match'
+        for signature in (None, sign_proof(ATTACKER_KEY, tx_hash, 'GET', path, ESCROW),
+                          sign_proof(VICTIM_KEY, tx_hash, 'GET', '/api/agents/match', ESCROW)):
+            proof = header_of(x_payment(dict(claims, **({'signature': signature} if signature else {}))))
+            for caller in (Caller(server), stranger):
+                answer = caller.call('GET', path + '?categories=code', headers={'X-PAYMENT': proof})
+                body = assert_refused(answer, 402, 'payment_signature_invalid')
+                assert [name for name, passed in body['checks'].items() if not passed] == ['signature'], body
+                assert body['proofTypedData']['message'] == {'txHash': None, 'method': 'GET', 'path': path}
+        own = header_of(x_payment(dict(claims, signature=sign_proof(VICTIM_KEY, tx_hash, 'GET', path, ESCROW))))
+        answer = Caller(server).call('GET', path + '?categories=code', headers={'X-PAYMENT': own})
+        assert answer.status_code == 200, answer.text
+        assert receipt_of(answer) == {'success': True, 'transaction': tx_hash, 'network': 'base', 'payer': VICTIM,
+                                      'paymentSpent': True}
+        answer = stranger.call('GET', path + '?categories=code', headers={'X-PAYMENT': own})
+        assert assert_refused(answer, 402, 'payment_replayed')['paymentSpent'] is True
+        assert server.terminate() == 0

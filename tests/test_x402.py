@@ -2,9 +2,10 @@
 
 Settings (--x402-price, --x402-pay-to, MARKETPLACE_X402_PRICE, what refuses to start); the 402 of a priced call;
 who pays (every key but admin keys and exempt accounts; an unknown key 401); aliases priced alike; form-1 proofs
-of real USDC transfers on anvil: a good one pays for one call and is recorded, every refusal has its code and its
-`checks` entry (on the call and POST /api/x402), pending until deep enough, a failed call consumes nothing, a
-deposit to escrow never pays a call, and a transaction hash pays for one thing only (x402 call or job funding).
+of real USDC transfers on anvil, signed by their sender for their call: a good one pays for one call and is
+recorded, every refusal has its code and its `checks` entry (on the call and POST /api/x402), pending until deep
+enough, a failed call spends nothing and binds its proof to itself, a deposit to escrow never pays a call, and a
+transaction hash pays for one thing only (x402 call or job funding).
 GET/POST /api/x402, the OpenAPI document and the service card with x402 on.
 Form-2 authorizations and their settlement: test_x402_settle.py and test_x402_live.py.
 """
@@ -20,7 +21,7 @@ from a2a.client.card_resolver import parse_agent_card
 from a2a.utils.proto_utils import validate_proto_required_fields
 
 # web3 and eth_account come through chain.py, which keeps the recursion limit as it was (see there).
-from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, sign_funding
+from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, proof_typed_data, sign_funding, sign_proof
 
 import marketplace as mp
 from conftest import ADMIN_KEY, Client, assert_error, job_body, make_account
@@ -83,11 +84,15 @@ def pay(anvil, amount=PRICE, key=PAYER_KEY, to=PAY_TO, token=USDC):
     return anvil.transfer(key, to, amount, token=token)
 
 
-def proof(tx_hash, network='base', **claims):
-    """X-PAYMENT of a form-1 proof naming `tx_hash` (claims: PAYER pays 0.01 USDC to PAY_TO on Base)."""
+def proof(tx_hash, network='base', key=PAYER_KEY, call=('GET', MATCH), **claims):
+    """X-PAYMENT of a form-1 proof naming `tx_hash` (claims: PAYER pays 0.01 USDC to PAY_TO on Base), signed by
+    `key` for `call` (method, path) unless the claims give `signature` (None: left out)."""
     payload = {'txHash': tx_hash, 'from': PAYER, 'amount': '0.01', 'to': PAY_TO, 'chainId': 8453,
-               'tokenAddress': USDC, 'timestamp': int(time.time())}
+               'tokenAddress': USDC, 'timestamp': int(time.time()),
+               'signature': sign_proof(key, tx_hash, *call, ESCROW)}
     payload.update(claims)
+    if payload['signature'] is None:
+        del payload['signature']
     return header_of(x_payment(payload, network))
 
 
@@ -223,7 +228,8 @@ def test_a_priced_call_without_key_or_payment_gets_the_x402_402(client):
     assert answer.status == 402, answer
     assert 'X-PAYMENT' in answer.json['error']
     assert answer.json == {'error': answer.json['error'], 'code': 'payment_required', 'status': 402,
-                           'x402Version': 1, 'accepts': [REQUIREMENTS]}
+                           'x402Version': 1, 'accepts': [REQUIREMENTS],
+                           'proofTypedData': proof_typed_data(None, 'GET', MATCH, ESCROW)}
     assert header(answer, 'X-PAYMENT-RESPONSE') is None
     assert_nothing_taken(client)
 
@@ -247,7 +253,8 @@ def test_a_member_key_pays_too_and_its_paid_call_acts_as_its_account(client, anv
     tx_hash = pay(anvil)
     answer = paid(client, proof(tx_hash), MATCH + '?categories=code', key=key)
     assert (answer.status, answer.json) == (200, {'matches': [], 'total': 0}), answer
-    assert payment_response(answer) == {'success': True, 'transaction': tx_hash, 'network': 'base', 'payer': PAYER}
+    assert payment_response(answer) == {'success': True, 'transaction': tx_hash, 'network': 'base', 'payer': PAYER,
+                                        'paymentSpent': True}
     [row] = db_of(client).rows('SELECT form, payer, tx_hash, account_id, endpoint FROM x402_payments')
     assert row == {'form': 'proof', 'payer': PAYER, 'tx_hash': tx_hash, 'account_id': account['id'],
                    'endpoint': 'GET /api/jobs/match'}
@@ -262,7 +269,8 @@ def test_a_proof_with_a_key_pays_a_call_that_acts_as_the_keys_account(started, a
     account, key = make_account(client, 'member')
     body = {'name': 'paid agent', 'walletAddress': OTHER, 'capabilities': {'categories': ['code']}}
     assert_error(client.post('/api/agents', body, key=key), 402, 'payment_required')
-    answer = client.post('/api/agents', body, key=key, headers={'X-PAYMENT': proof(pay(anvil))})
+    payment = proof(pay(anvil), call=('POST', '/api/agents'))
+    answer = client.post('/api/agents', body, key=key, headers={'X-PAYMENT': payment})
     assert answer.status == 201, answer
     assert answer.json['agent']['accountId'] == account['id']
     assert db_of(client).value('SELECT account_id FROM x402_payments') == account['id']
@@ -377,21 +385,22 @@ def test_a_good_proof_pays_for_one_call_once(client, anvil):
 
     answer = paid(client, payment, MATCH + '?categories=code')
     assert (answer.status, answer.json) == (200, {'matches': [], 'total': 0}), answer
-    assert payment_response(answer) == {'success': True, 'transaction': tx_hash, 'network': 'base', 'payer': PAYER}
+    assert payment_response(answer) == {'success': True, 'transaction': tx_hash, 'network': 'base', 'payer': PAYER,
+                                        'paymentSpent': True}
     [row] = db_of(client).rows('SELECT * FROM x402_payments')
     assert {k: row[k] for k in ('form', 'status', 'amount', 'endpoint', 'payer', 'tx_hash', 'chain_id', 'asset',
                                 'account_id')} == {
         'form': 'proof', 'status': 'confirmed', 'amount': PRICE, 'endpoint': 'GET /api/jobs/match', 'payer': PAYER,
-        'tx_hash': tx_hash, 'chain_id': 8453, 'asset': USDC, 'account_id': None}     # a proof acts as no one
-    assert row['granted_at'] is not None
+        'tx_hash': tx_hash, 'chain_id': 8453, 'asset': USDC, 'account_id': wallet_of(client, PAYER)}
+    assert row['granted_at'] is not None                # without a key: the signed proof names its payer
     [used] = db_of(client).rows('SELECT * FROM used_payments')
     assert (used['chain_id'], used['tx_hash'], used['purpose'], used['account_id'], used['job_id']) == \
         (8453, tx_hash, 'x402', None, None)
-    assert count(client, 'wallet_accounts') == 0
+    assert count(client, 'wallet_accounts') == 1
 
     again = paid(client, payment)
     body = assert_error(again, 402, 'payment_replayed')
-    assert body['checks'] == dict(ALL_PASS, notReplayed=False)
+    assert body['checks'] == dict(ALL_PASS, notReplayed=False) and body['paymentSpent'] is True
     assert body['accepts'] == [REQUIREMENTS] and body['x402Version'] == 1
     assert header(again, 'X-PAYMENT-RESPONSE') is None
     answer = checked(client, payment)
@@ -401,22 +410,29 @@ def test_a_good_proof_pays_for_one_call_once(client, anvil):
     assert count(client, 'x402_payments') == 1
 
 
-def test_a_proof_acts_as_no_one_and_cannot_pay_a_call_that_needs_an_account(started, anvil):
-    """Anyone can copy a transfer from the chain into a proof: it pays for a call, but does not act as the payer.
-    (A signed authorization does: tests/test_x402_settle.py.)"""
+def test_a_signed_proof_without_a_key_acts_as_its_payer_for_the_call_it_signs(started, anvil):
+    """A transfer can be copied from the chain, its PaymentProof cannot: signed by the sender for POST /api/agents, a
+    proof pays that call as the payer's wallet account; one signed for another call (or by anyone else) pays
+    nothing and is still the payer's to use."""
     client = started(x402_price=mp.parse_prices('GET /api/jobs/match=0.01;POST /api/agents=0.01'))
-    payment = proof(pay(anvil))
+    tx_hash = pay(anvil)
     body = {'name': 'paid agent', 'walletAddress': OTHER, 'capabilities': {'categories': ['code']}}
-    answer = client.post('/api/agents', body, headers={'X-PAYMENT': payment})
-    assert answer.status == 402 and answer.json['code'] == 'payment_invalid', answer
-    assert 'signed authorization' in answer.json['error']
-    assert answer.json['checks'] == dict(dict.fromkeys(PROOF_CHECKS, True), signature=False)
-    assert count(client, 'agents') == 0
-    assert_nothing_taken(client)
-    assert paid(client, payment).status == 200          # the same proof still pays a call that needs no account
-    assert count(client, 'wallet_accounts') == 0
+    for wrong in (proof(tx_hash), proof(tx_hash, key=OTHER_KEY, call=('POST', '/api/agents')),
+                  proof(tx_hash, signature=None)):
+        answer = client.post('/api/agents', body, headers={'X-PAYMENT': wrong})
+        assert answer.status == 402 and answer.json['code'] == 'payment_signature_invalid', answer
+        assert answer.json['checks'] == dict(ALL_PASS, signature=False)
+        assert count(client, 'agents') == 0
+        assert_nothing_taken(client)
+    answer = client.post('/api/agents', body, headers={'X-PAYMENT': proof(tx_hash, call=('POST', '/api/agents'))})
+    assert answer.status == 201, answer
+    assert answer.json['agent']['accountId'] == wallet_of(client, PAYER)
     [row] = db_of(client).rows('SELECT account_id, endpoint FROM x402_payments')
-    assert row == {'account_id': None, 'endpoint': 'GET /api/jobs/match'}
+    assert row == {'account_id': wallet_of(client, PAYER), 'endpoint': 'POST /api/agents'}
+
+
+def wallet_of(client, address):
+    return db_of(client).value('SELECT account_id FROM wallet_accounts WHERE address = :a', {'a': address})
 
 
 # Each case: a function of anvil giving the X-PAYMENT, the code, and the check that fails.
@@ -475,7 +491,8 @@ def test_claims_are_compared_checksummed_and_the_hash_in_any_case(client, anvil)
     payment = proof(tx_hash, **{'from': PAYER.lower(), 'to': PAY_TO.lower(), 'tokenAddress': USDC.lower()})
     answer = paid(client, payment)
     assert answer.status == 200, answer
-    assert payment_response(answer) == {'success': True, 'transaction': tx_hash, 'network': 'base', 'payer': PAYER}
+    assert payment_response(answer) == {'success': True, 'transaction': tx_hash, 'network': 'base', 'payer': PAYER,
+                                        'paymentSpent': True}
     assert_error(paid(client, proof('0x' + tx_hash[2:].upper())), 402, 'payment_replayed')
     assert count(client, 'x402_payments') == 1
 
@@ -505,16 +522,34 @@ def test_a_proof_not_deep_enough_is_pending_then_pays(started, anvil):
     assert payment_response(answer)['success'] is True
 
 
-def test_a_call_that_fails_consumes_nothing(client, anvil):
+def test_a_call_that_fails_spends_nothing_and_binds_its_proof_to_itself(client, anvil):
+    """A proof taken for a call that answers 400 is not spent; only that same call may send it again (within the
+    hour), every other call is refused with payment_replayed and paymentSpent false."""
     payment = proof(pay(anvil))
     answer = paid(client, payment, MATCH + '?min_pay=abc')
     assert_error(answer, 400, 'invalid_parameter', fields=['min_pay'])
-    assert header(answer, 'X-PAYMENT-RESPONSE') is None
-    assert_nothing_taken(client)
-    assert count(client, 'accounts') == 1           # the admin only: the wallet's account went with the call
-    answer = paid(client, payment, MATCH + '?min_pay=1')
-    assert answer.status == 200, answer
-    assert count(client, 'x402_payments') == 1
+    receipt = payment_response(answer)
+    assert (receipt['success'], receipt['paymentSpent'], receipt['payer']) == (True, False, PAYER), receipt
+    [row] = db_of(client).rows('SELECT granted_at, call_digest FROM x402_payments')
+    assert row['granted_at'] is None and len(row['call_digest']) == 64
+    assert count(client, 'wallet_accounts') == 1       # the payer's account is kept
+    other = paid(client, payment, MATCH + '?min_pay=1')
+    body = assert_error(other, 402, 'payment_replayed')
+    assert (body['paymentSpent'], body['checks']['notReplayed']) == (False, False), body
+    assert header(other, 'X-PAYMENT-RESPONSE') is None
+    assert_error(paid(client, payment, MATCH + '?min_pay=abc'), 400, 'invalid_parameter')   # its own call again
+    assert db_of(client).value('SELECT granted_at FROM x402_payments') is None
+
+
+def test_a_proof_taken_before_call_digests_existed_pays_no_call(client, anvil):
+    """A payment taken before version 9 has no call digest: if its call never answered below 400, no call may
+    spend it now, not even the same one."""
+    payment = proof(pay(anvil))
+    assert_error(paid(client, payment, MATCH + '?min_pay=abc'), 400, 'invalid_parameter')
+    db_of(client).execute('UPDATE x402_payments SET call_digest = NULL')
+    for path in (MATCH + '?min_pay=abc', MATCH):
+        assert assert_error(paid(client, payment, path), 402, 'payment_replayed')['paymentSpent'] is False
+    assert db_of(client).value('SELECT granted_at FROM x402_payments') is None
 
 
 # A transaction hash pays for one thing only -------------------------------------
@@ -591,7 +626,7 @@ def test_post_x402_endpoint_picks_the_price(started, anvil):
     assert answer.status == 200, answer
     assert (answer.json['valid'], answer.json['code'], answer.json['endpoint']) == \
         (False, 'payment_insufficient', 'GET /api/agents/match')
-    assert answer.json['checks'] == dict(ALL_PASS, amount=False)
+    assert answer.json['checks'] == dict(ALL_PASS, amount=False, signature=False)    # signed for GET /api/jobs/match
     assert_error(paid(client, payment, '/api/agents/match?category=code'), 402, 'payment_insufficient')
     assert paid(client, payment).status == 200      # the cheaper endpoint
     assert count(client, 'x402_payments') == 1
@@ -599,11 +634,13 @@ def test_post_x402_endpoint_picks_the_price(started, anvil):
 
 def test_post_x402_with_a_template_endpoint(started, anvil):
     client = started(x402_price=mp.parse_prices('GET /api/jobs/:id=0.01'))
-    payment = proof(pay(anvil))
-    for endpoint in ('GET /api/jobs/{job_id}', 'GET /api/jobs/:id',
-                     'GET /api/jobs/3f2504e0-4f89-11d3-9a0c-0305e82c3301'):
+    job = '/api/jobs/3f2504e0-4f89-11d3-9a0c-0305e82c3301'
+    payment = proof(pay(anvil), call=('GET', job))
+    for endpoint in ('GET /api/jobs/{job_id}', 'GET /api/jobs/:id', 'GET ' + job):
         answer = checked(client, payment, endpoint)
-        assert (answer.json['valid'], answer.json['endpoint']) == (True, 'GET /api/jobs/{job_id}'), endpoint
+        # a proof's signature names a concrete path: only that one checks it
+        assert (answer.json['valid'], answer.json['endpoint'], answer.json['checks']['signature']) == \
+            (endpoint.endswith(job), 'GET /api/jobs/{job_id}', endpoint.endswith(job)), endpoint
 
 
 def test_post_x402_refusals(client):
@@ -708,3 +745,50 @@ def test_a_head_of_a_priced_endpoint_is_not_free(client):
     """Bottle answers HEAD with the GET route: a HEAD of a priced endpoint is priced like its GET."""
     answer = client.request('HEAD', MATCH)
     assert answer.status == 402, answer
+
+
+def test_a_paid_call_whose_commit_fails_is_503_and_its_retry_is_answered_once(client, anvil, monkeypatch):
+    """The proof is taken (its own commit), then the COMMIT of the call that spends it fails: 503, nothing spent,
+    and the same call sending it again is answered once; after that it is spent."""
+    _, key = make_account(client, 'member')
+    payment = proof(pay(anvil))
+    commit, commits = mp.Database.durable_commit, []
+
+    def failing_second(db):
+        commits.append(1)
+        return (RuntimeError('disk full'), None) if len(commits) == 2 else commit(db)
+    monkeypatch.setattr(mp.Database, 'durable_commit', failing_second)
+    answer = paid(client, payment, MATCH + '?categories=code', key=key)
+    assert_error(answer, 503, 'commit_failed')
+    assert payment_response(answer)['paymentSpent'] is False
+    assert db_of(client).value('SELECT granted_at FROM x402_payments') is None
+    answer = paid(client, payment, MATCH + '?categories=code', key=key)
+    assert (answer.status, payment_response(answer)['paymentSpent']) == (200, True), answer
+    again = paid(client, payment, MATCH + '?categories=code', key=key)
+    assert assert_error(again, 402, 'payment_replayed')['paymentSpent'] is True
+    assert len(commits) == 3        # the proof taken, the failed call, its retry: the refusal commits nothing
+
+
+def test_a_paid_call_with_an_idempotency_key_whose_commit_fails_claims_no_spent_payment(started, anvil, monkeypatch):
+    """With an Idempotency-Key the payment is spent in the COMMIT that stores the answer: when that COMMIT fails the
+    503 carries no receipt saying it was spent, and the retry is answered (and stored) once."""
+    client = started(x402_price=mp.parse_prices('POST /api/agents=0.01'))
+    _, key = make_account(client, 'member')
+    payment = proof(pay(anvil), call=('POST', '/api/agents'))
+    body = {'name': 'paid agent', 'walletAddress': OTHER, 'capabilities': {'categories': ['code']}}
+    commit, commits = mp.Database.durable_commit, []
+
+    def failing_second(db):
+        commits.append(1)
+        return (RuntimeError('disk full'), None) if len(commits) == 2 else commit(db)
+    monkeypatch.setattr(mp.Database, 'durable_commit', failing_second)
+    headers = {'X-PAYMENT': payment, 'Idempotency-Key': 'paid-once'}
+    answer = client.post('/api/agents', body, key=key, headers=headers)
+    assert_error(answer, 503, 'commit_failed')
+    assert header(answer, 'X-PAYMENT-RESPONSE') is None
+    assert (count(client, 'agents'), db_of(client).value('SELECT granted_at FROM x402_payments')) == (0, None)
+    answer = client.post('/api/agents', body, key=key, headers=headers)
+    assert (answer.status, payment_response(answer)['paymentSpent']) == (201, True), answer
+    again = client.post('/api/agents', body, key=key, headers=headers)
+    assert (again.status, header(again, 'Idempotent-Replayed'), again.json) == (201, 'true', answer.json)
+    assert count(client, 'agents') == 1

@@ -21,7 +21,7 @@ import time
 
 import requests
 
-from chain import DEV_ADDRESSES, DEV_KEYS, USDC, Account, sign_authorization  # web3/eth-account only through chain.py
+from chain import DEV_ADDRESSES, DEV_KEYS, USDC, Account, sign_authorization, sign_proof  # web3/eth-account only through chain.py
 from conftest import ADMIN_KEY, ROOT, LiveServer
 from test_onchain import RPCProxy, nonce_of, running
 from test_x402 import PAY_TO     # --x402-pay-to: where the USDC goes
@@ -116,12 +116,13 @@ def assert_x402_refused(answer, code, status=402):
     return body
 
 
-def proof_header(anvil, tx_hash, payer):
-    """A form-1 X-PAYMENT as the README builds it (printf of the JSON | base64 -w0) for a transfer made."""
+def proof_header(anvil, tx_hash, payer, key):
+    """A form-1 X-PAYMENT as the README builds it (printf of the JSON | base64 -w0) for a transfer made, with the
+    sender's PaymentProof signature for GET /api/jobs/match."""
     timestamp = anvil.w3.eth.get_block(anvil.receipt(tx_hash)['blockNumber'])['timestamp']
     text = ('{"x402Version":1,"scheme":"exact","network":"base","payload":{"txHash":"%s",\n"from":"%s",'
-            '"amount":"0.01","to":"%s","chainId":8453,\n"tokenAddress":"%s","timestamp":%d}}'
-            % (tx_hash, payer, PAY_TO, USDC, timestamp))
+            '"amount":"0.01","to":"%s","chainId":8453,\n"tokenAddress":"%s","timestamp":%d,"signature":"%s"}}'
+            % (tx_hash, payer, PAY_TO, USDC, timestamp, sign_proof(key, tx_hash, 'GET', '/api/jobs/match', ESCROW)))
     return base64.b64encode(text.encode()).decode()
 
 
@@ -281,7 +282,7 @@ def test_the_readme_python_block_pays_with_the_official_client(anvil, usdc, tmp_
 
 
 def test_the_readme_form2_sh_block_pays_with_curl(anvil, usdc, tmp_path):
-    [script] = [b for b in readme_x402_blocks('sh') if "<<'PY'" in b]
+    [script] = [b for b in readme_x402_blocks('sh') if "<<'PY'" in b and 'TransferWithAuthorization' in b]
     assert script.count('http://127.0.0.1:8080') == 1
     payer_key, payer = funded(anvil, 4)
     with serving(tmp_path / 'm.db', anvil.url) as server:
@@ -303,7 +304,7 @@ def test_the_readme_form1_flow_a_proof_checks_pays_once(anvil, usdc, tmp_path):
     with serving(tmp_path / 'm.db', anvil.url) as server:
         expected = open_code_job(server)
         tx_hash = anvil.transfer(payer_key, PAY_TO, PRICE)
-        header = proof_header(anvil, tx_hash, payer)
+        header = proof_header(anvil, tx_hash, payer, payer_key)
         after_transfer = balances(anvil, payer, PAY_TO)
 
         checked = requests.post(server.url + '/api/x402?endpoint=GET%20/api/jobs/match',
@@ -316,7 +317,8 @@ def test_the_readme_form1_flow_a_proof_checks_pays_once(anvil, usdc, tmp_path):
         paid = paid_get(server, header)
         assert paid.status_code == 200, paid.text
         assert paid.json() == expected
-        assert payment_response(paid) == {'success': True, 'transaction': tx_hash, 'network': 'base', 'payer': payer}
+        assert payment_response(paid) == {'success': True, 'transaction': tx_hash, 'network': 'base', 'payer': payer,
+                                          'paymentSpent': True}
 
         replayed = assert_x402_refused(paid_get(server, header), 'payment_replayed')
         assert replayed['checks'] == dict(readme_proof_checks()['checks'], notReplayed=False), replayed
@@ -333,7 +335,7 @@ def test_one_payment_sent_by_many_threads_at_once_pays_for_one_call(anvil, usdc,
     auth_key, auth_payer = funded(anvil, 3)
     with serving(tmp_path / 'm.db', anvil.url) as server:
         open_code_job(server)
-        proof = proof_header(anvil, anvil.transfer(proof_key, PAY_TO, PRICE), proof_payer)
+        proof = proof_header(anvil, anvil.transfer(proof_key, PAY_TO, PRICE), proof_payer, proof_key)
         answers = at_once(8, lambda: paid_get(server, proof))
         assert outcomes(answers) == [(200, None)] + [(402, 'payment_replayed')] * 7
         for answer in answers:
@@ -445,7 +447,7 @@ def test_a_crash_before_the_settlement_is_sent_pays_once_and_answers_the_call(an
             assert served.status_code == 200, served.text
             assert json.loads(served.text.replace(server.url, first_url)) == expected     # jobs' urls name the port
             assert payment_response(served) == {'success': True, 'transaction': row['tx_hash'], 'network': 'base',
-                                                'payer': payer}
+                                                'payer': payer, 'paymentSpent': True}
             assert_x402_refused(paid_get(server, header), 'payment_replayed')
 
             time.sleep(1.1)                              # two sweeps more: nothing is sent again

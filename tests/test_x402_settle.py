@@ -15,7 +15,7 @@ ledger must balance when the test ends.
 import json
 import re
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from urllib.parse import quote
 
 import pytest
@@ -23,7 +23,7 @@ import requests
 import responses
 
 # web3 and eth_account come through chain.py, which keeps the recursion limit as it was (see there).
-from chain import DEV_ADDRESSES, DEV_KEYS, USDC, Account, sign_authorization, sign_funding
+from chain import DEV_ADDRESSES, DEV_KEYS, USDC, Account, sign_authorization, sign_funding, sign_proof
 
 import marketplace as mp
 from conftest import ADMIN_KEY, Client, assert_error, job_body, make_account
@@ -234,7 +234,7 @@ def test_an_authorization_pays_a_priced_get_settled_by_the_escrow_wallet(anvil, 
     paid = payment_response(answer)
     tx_hash = paid['transaction']
     assert TX_HASH.fullmatch(tx_hash), paid
-    assert paid == {'success': True, 'transaction': tx_hash, 'network': 'base', 'payer': PAYER}
+    assert paid == {'success': True, 'transaction': tx_hash, 'network': 'base', 'payer': PAYER, 'paymentSpent': True}
 
     # On chain: exactly the price moved, in a transaction of the escrow wallet, which paid its gas.
     assert anvil.balance(PAYER) == 1_000_000 - MATCH_PRICE
@@ -260,7 +260,8 @@ def test_an_authorization_pays_a_priced_get_settled_by_the_escrow_wallet(anvil, 
 
     # The settlement's hash cannot be shown again as a form-1 proof: every other check of it passes.
     proof = x_payment({'txHash': tx_hash, 'from': PAYER, 'amount': '0.01', 'to': PAY_TO, 'chainId': 8453,
-                       'tokenAddress': USDC, 'timestamp': anvil.timestamp()})
+                       'tokenAddress': USDC, 'timestamp': anvil.timestamp(),
+                       'signature': sign_proof(PAYER_KEY, tx_hash, 'GET', '/api/jobs/match', ESCROW)})
     body = refused(pay(client, proof), 'payment_replayed', 'notReplayed')
     assert failed_checks(body['checks']) == ['notReplayed']
 
@@ -470,12 +471,14 @@ def test_a_slow_settlement_is_answered_when_the_same_payment_comes_again(anvil, 
     assert row['broadcast_at'] and TX_HASH.fullmatch(row['tx_hash'])
     assert app.service.settings.onchain.chain.receipt(row['tx_hash']) is None
     assert anvil.balance(PAYER) == 1_000_000
+    other = refused(pay(client, payment, MATCH + '&limit=1'), 'payment_replayed', 'notReplayed')   # another call
+    assert other['paymentSpent'] is False and only_row(app)['tx_hash'] == row['tx_hash']
 
     anvil.mine()
     answer = pay(client, payment)
     assert answer.status == 200, answer
     assert payment_response(answer) == {'success': True, 'transaction': row['tx_hash'], 'network': 'base',
-                                        'payer': PAYER}
+                                        'payer': PAYER, 'paymentSpent': True}
     assert (only_row(app)['status'], bool(only_row(app)['granted_at'])) == ('confirmed', True)
     assert anvil.balance(PAYER) == 1_000_000 - MATCH_PRICE
     assert anvil.balance(PAY_TO) == income + MATCH_PRICE
@@ -485,6 +488,28 @@ def test_a_slow_settlement_is_answered_when_the_same_payment_comes_again(anvil, 
     anvil.mine()
     assert anvil.balance(PAYER) == 1_000_000 - MATCH_PRICE
     assert chain_view(anvil, app) == dict(before, block=before['block'] + 1)
+
+
+def test_a_settled_payment_pays_only_its_own_call_for_an_hour_whatever_its_valid_before(anvil, app, client,
+                                                                                         real_clock):
+    """Settled for a call that answered 400: after the authorization's validBefore another call is still refused
+    as a replay (not as expired: the window is the service's hour), its own call is still answered as itself, and
+    once the hour has passed it is payment_expired for every call, never spent."""
+    anvil.mint(PAYER, 1_000_000)
+    payment = authorization(anvil)
+    typo = MATCH + '&min_pay=abc'
+    assert_error(pay(client, payment, typo), 400, 'invalid_parameter')
+    valid_before = int(payment['payload']['authorization']['validBefore'])
+    real_clock.set(datetime.fromtimestamp(valid_before + 60, timezone.utc))         # past validBefore
+    body = refused(pay(client, payment), 'payment_replayed', 'fresh')
+    assert (body['paymentSpent'], body['checks']['notReplayed']) == (False, False)
+    assert_error(pay(client, payment, typo), 400, 'invalid_parameter')             # its own call: still its own
+    real_clock.advance(hours=1)
+    for path in (typo, MATCH):
+        body = refused(pay(client, payment, path), 'payment_expired', 'fresh')
+        assert body['paymentSpent'] is False, body
+    assert only_row(app)['granted_at'] is None
+    assert anvil.balance(PAYER) == 1_000_000 - MATCH_PRICE                          # settled once, never again
 
 
 def test_a_settlement_that_reverts_is_refused_when_the_payment_comes_again(anvil, app, client, slow):
@@ -607,28 +632,34 @@ def test_an_x402_settlement_cannot_fund_a_job(anvil, app, client):
     assert used(app, tx_hash)['purpose'] == 'x402'
 
 
-def test_a_paid_post_with_an_invalid_body_does_not_consume_the_payment(anvil, app, client):
+def test_a_paid_post_with_an_invalid_body_spends_nothing_and_pays_only_that_call(anvil, app, client):
+    """Settled for a call that answered 400: not spent, and bound to that call (CONTRACT.md 20). The corrected call
+    is another call: refused with payment_replayed, paymentSpent false, nothing done; the same call may send it
+    again (and gets its 400 again); the payer's account is kept."""
     anvil.mint(PAYER, 1_000_000)
     first = escrow_nonce(anvil)
     payment = authorization(anvil, value=JOBS_PRICE)
 
-    assert_error(pay(client, payment, '/api/jobs', 'POST', stripe_job(category='cooking')), 400, 'validation_failed',
-                 fields=['category'])
+    typo = stripe_job(category='cooking')
+    answer = pay(client, payment, '/api/jobs', 'POST', typo)
+    assert_error(answer, 400, 'validation_failed', fields=['category'])
+    receipt = payment_response(answer)
     row = only_row(app)
+    assert (receipt['transaction'], receipt['paymentSpent']) == (row['tx_hash'], False), receipt
     assert (row['status'], row['granted_at'], row['account_id']) == ('confirmed', None, None)
     assert db_of(app).value('SELECT count(*) FROM jobs') == 0
     assert anvil.balance(PAYER) == 1_000_000 - JOBS_PRICE        # settled: the money moved once
+    account = wallet_account_of(app, PAYER)
+    assert account is not None                                   # kept, though the call was refused
 
-    answer = pay(client, payment, '/api/jobs', 'POST', stripe_job())
-    assert answer.status == 201, answer
-    assert payment_response(answer)['transaction'] == row['tx_hash']
-    assert answer.json['job']['requesterId'] == wallet_account_of(app, PAYER)['id']
-    assert only_row(app)['granted_at'] is not None
+    body = refused(pay(client, payment, '/api/jobs', 'POST', stripe_job()), 'payment_replayed', 'notReplayed')
+    assert body['paymentSpent'] is False
+    assert db_of(app).value('SELECT count(*) FROM jobs') == 0
+    assert_error(pay(client, payment, '/api/jobs', 'POST', typo), 400, 'validation_failed', fields=['category'])
+    assert only_row(app)['granted_at'] is None
     assert anvil.balance(PAYER) == 1_000_000 - JOBS_PRICE        # no second transfer
     assert escrow_nonce(anvil) == next_nonce(app) == first + 1
-
-    refused(pay(client, payment, '/api/jobs', 'POST', stripe_job()), 'payment_replayed', 'notReplayed')
-    assert db_of(app).value('SELECT count(*) FROM jobs') == 1
+    assert wallet_account_of(app, PAYER) == account
 
 
 # Settled by a facilitator ----------------------------------------------------------
@@ -687,7 +718,8 @@ def test_a_facilitator_settles_an_authorization(anvil, app_f, client_f, facilita
 
     answer = pay(client_f, payment)
     assert answer.status == 200, answer
-    assert payment_response(answer) == {'success': True, 'transaction': SETTLED, 'network': 'base', 'payer': PAYER}
+    assert payment_response(answer) == {'success': True, 'transaction': SETTLED, 'network': 'base', 'payer': PAYER,
+                                        'paymentSpent': True}
     expected = {'x402Version': 1, 'paymentPayload': payment, 'paymentRequirements': requirements}
     assert calls(facilitator, 'verify') == [expected]
     assert calls(facilitator, 'settle') == [expected]
@@ -762,17 +794,17 @@ def test_a_facilitator_settlement_of_a_call_that_failed_is_not_settled_again(anv
     answers(facilitator)
     payment = authorization(anvil, value=JOBS_PRICE)
 
-    assert_error(pay(client_f, payment, '/api/jobs', 'POST', stripe_job(category='cooking')), 400,
-                 'validation_failed', fields=['category'])
+    typo = stripe_job(category='cooking')
+    assert_error(pay(client_f, payment, '/api/jobs', 'POST', typo), 400, 'validation_failed', fields=['category'])
     row = only_row(app_f)
     assert (row['status'], row['tx_hash'], row['granted_at']) == ('confirmed', SETTLED, None)
 
-    answer = pay(client_f, payment, '/api/jobs', 'POST', stripe_job())
-    assert answer.status == 201, answer
-    assert payment_response(answer)['transaction'] == SETTLED
-    assert answer.json['job']['requesterId'] == wallet_account_of(app_f, PAYER)['id']
+    refused(pay(client_f, payment, '/api/jobs', 'POST', stripe_job()), 'payment_replayed', 'notReplayed')
+    assert_error(pay(client_f, payment, '/api/jobs', 'POST', typo), 400, 'validation_failed',
+                 fields=['category'])      # its own call again: not settled again
     assert (len(calls(facilitator, 'verify')), len(calls(facilitator, 'settle'))) == (1, 1)
-    assert only_row(app_f)['granted_at'] is not None
+    assert only_row(app_f)['granted_at'] is None
+    assert db_of(app_f).value('SELECT count(*) FROM jobs') == 0
 
 
 def test_our_own_checks_run_before_the_facilitator_is_asked(anvil, app_f, client_f, facilitator):

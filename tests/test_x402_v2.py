@@ -14,13 +14,13 @@ import time
 import pytest
 
 # web3 and eth_account come through chain.py, which keeps the recursion limit as it was (see there).
-from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, Account, sign_authorization
+from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, Account, sign_authorization, sign_proof
 
 import marketplace as mp
 from test_cards import header
 from test_x402 import BASE, MATCH_SUMMARY, PAY_TO, REQUIREMENTS, REQUIREMENTS_V2
 from test_x402 import pay as transfer_to_pay_to
-from test_x402_settle import (MATCH, MATCH_PRICE, PAYER, PAYER_KEY, SETTLED, answers, app, app_f, calls,  # noqa: F401
+from test_x402_settle import (ESCROW, MATCH, MATCH_PRICE, PAYER, PAYER_KEY, SETTLED, answers, app, app_f, calls,  # noqa: F401
                               client_f, escrow_nonce, facilitator, failed_checks, only_row, start, x402_rows)
 from test_x402_verifier import header_of, x_payment
 from verifier.x402 import (AUTHORIZATION_CHECKS, PROOF_CHECKS, check_names, decode_payment_header, encode_header,
@@ -74,7 +74,8 @@ def test_version_2_adds_the_accepted_check_after_network():
                                                *AUTHORIZATION_CHECKS[4:]]
     assert check_names('proof', 2, on_chain=False) == ['decoded', 'version', 'scheme', 'network', 'accepted',
                                                        'chainId', 'token', 'recipient', 'amount', 'fresh',
-                                                       'notReplayed']
+                                                       'notReplayed', 'signature']
+    assert check_names('proof', 2, on_chain=False, signed_call=False)[-1] == 'notReplayed'
 
 
 def test_the_sdks_client_pays_our_payment_required_and_we_read_its_payment_signature():
@@ -211,7 +212,8 @@ def test_a_version_2_authorization_pays_once_and_is_answered_in_version_2(anvil,
 def test_a_version_2_proof_pays_once(anvil, app, client):
     tx_hash = transfer_to_pay_to(anvil)
     payload = {'txHash': tx_hash, 'from': PAYER, 'amount': '0.01', 'to': PAY_TO, 'chainId': 8453,
-               'tokenAddress': USDC, 'timestamp': int(time.time())}
+               'tokenAddress': USDC, 'timestamp': int(time.time()),
+               'signature': sign_proof(PAYER_KEY, tx_hash, 'GET', '/api/jobs/match', ESCROW)}
     checked = client.post('/api/x402', headers={'PAYMENT-SIGNATURE': header_of(v2_payment(payload))})
     assert checked.status == 200, checked
     assert checked.json['checks'] == dict.fromkeys([*check_names('proof', 2), 'resource'], True)

@@ -17,7 +17,8 @@ import pytest
 import responses
 
 # web3 and eth_account come through chain.py, which keeps the recursion limit as it was (see there).
-from chain import CHAIN_ID, DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, Account, sign_authorization
+from chain import CHAIN_ID, DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, Account, sign_authorization, sign_proof
+from chain import proof_typed_data as proof_typed_data_of
 from eth_account.typed_transactions import TypedTransaction
 from eth_utils import keccak
 from hexbytes import HexBytes
@@ -27,8 +28,8 @@ from verifier.chain import Chain
 from verifier.checks import check_usdc_transfer
 from verifier.errors import ChainUnavailable, VerificationError
 from verifier.x402 import (AUTHORIZATION_CHECKS, AUTHORIZATION_TYPES, NETWORKS, SETTLEMENT_GAS, TRANSFER_WITH_AUTHORIZATION, ProofClaims,
-                           decode_payment_header, encode_header, evaluate_payment, parse_authorization,
-                           proof_claims, recover_authorization_signer, sign_transfer_with_authorization,
+                           check_proof_signature, decode_payment_header, encode_header, evaluate_payment,
+                           parse_authorization, proof_claims, proof_typed_data, recover_authorization_signer, sign_transfer_with_authorization,
                            usdc_base_units)
 
 PAYER_KEY = DEV_KEYS[1]
@@ -36,7 +37,7 @@ PAYER = DEV_ADDRESSES[1]
 PAY_TO = DEV_ADDRESSES[2]          # the service's payTo
 RELAYER_KEY = DEV_KEYS[3]
 RELAYER = DEV_ADDRESSES[3]
-SOMEONE = DEV_ADDRESSES[4]
+SOMEONE_KEY, SOMEONE = DEV_KEYS[4], DEV_ADDRESSES[4]
 PRICE = 10_000                     # 0.01 USDC
 NOW = 1_800_000_000
 SEPOLIA_USDC = OTHER_TOKEN         # Base Sepolia's USDC address
@@ -680,3 +681,31 @@ def test_wait_for_receipt_on_a_pending_transaction(anvil, usdc):
         node.wait_for_receipt(tx_hash, 0.3, poll=0.05)
     anvil.mine()
     assert node.wait_for_receipt(tx_hash, 5)['status'] == 1
+
+
+# ----- form 1: the sender's PaymentProof signature (CONTRACT.md 20) -----
+
+def test_a_proofs_signature_names_its_sender_and_its_call():
+    escrow = RELAYER
+    tx_hash = tx_hash_of('paid')
+    good = sign_proof(PAYER_KEY, tx_hash, 'GET', '/api/jobs/match', escrow)
+    signed = dict(proof()['payload'], signature=good)
+    args = dict(escrow=escrow, method='GET', path='/api/jobs/match')
+    evaluation = evaluate(x_payment(signed), **args)
+    assert (evaluation.form, evaluation.error, evaluation.checks.as_dict()['signature']) == ('proof', None, True)
+    assert check_proof_signature(good, payer=PAYER, tx_hash=tx_hash, method='GET', path='/api/jobs/match',
+                                 chain_id=CHAIN_ID, escrow=escrow) == PAYER
+    assert proof_typed_data(tx_hash=None, method='GET', path='/api/jobs/match', chain_id=CHAIN_ID, escrow=escrow) == \
+        dict(proof_typed_data_of(None, 'GET', '/api/jobs/match', escrow))
+    for payload, call in [
+            ({k: v for k, v in signed.items() if k != 'signature'}, args),               # missing
+            (dict(signed, signature=sign_proof(SOMEONE_KEY, tx_hash, 'GET', '/api/jobs/match', escrow)), args),
+            (signed, dict(args, path='/api/agents/match')),                                # another call
+            (signed, dict(args, method='POST')),
+            (signed, dict(args, escrow=SOMEONE)),                                          # another domain
+            (dict(signed, signature='0x1234'), args), (dict(signed, signature=7), args),   # malformed
+            (dict(signed, signature='0x' + 'ff' * 65), args)]:
+        evaluation = evaluate(x_payment(payload), **call)
+        assert evaluation.error.code == 'payment_signature_invalid', (payload.get('signature'), call)
+        assert list(evaluation.checks.errors) == ['signature']       # (fresh needs a node: not run here)
+    assert 'signature' not in evaluate(x_payment(signed)).checks.as_dict()      # no call given: not checked

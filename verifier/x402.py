@@ -9,9 +9,14 @@ records each result (POST /api/x402 shows them; a priced call refuses with the f
 network ('base'), payload}. Version 2 (PAYMENT-SIGNATURE): {x402Version: 2, accepted: the requirements it pays
 ({scheme, network ('eip155:8453', CAIP-2), amount, asset, payTo, ...}), payload, resource?, extensions?}. A
 version is only a wire format: both are checked by the same functions. `payload` is either a proof of a transfer
-already made (form 1: {txHash, from, amount, to, chainId, tokenAddress, timestamp}) or an EIP-3009
+already made (form 1: {txHash, from, amount, to, chainId, tokenAddress, timestamp, signature}) or an EIP-3009
 authorization (form 2: {signature, authorization: {from, to, value, validAfter, validBefore, nonce}}). Amounts
 are integers in USDC base units; addresses are compared checksummed.
+
+A transaction hash is public, so a form-1 proof also carries `signature` (CONTRACT.md 20): an EIP-712 signature
+by the transfer's sender, in the funding domain of verifier.funding, of PaymentProof(bytes32 txHash,string
+method,string path) for the call it pays (the path without its query string). Told apart from form 2 by the
+`authorization` object, which a proof never has.
 """
 
 import base64
@@ -28,6 +33,7 @@ sys.setrecursionlimit(_recursion_limit)     # importing eth_account raises it to
 
 from verifier.checks import Checks, checksummed  # noqa: E402
 from verifier.errors import VerificationError  # noqa: E402
+from verifier.funding import DOMAIN_NAME, DOMAIN_VERSION, FUNDING_TYPES  # noqa: E402
 
 # network -> (chain id, EIP-712 domain name, version) of its USDC, as x402 clients sign them
 NETWORKS = {'base': (8453, 'USD Coin', '2'), 'base-sepolia': (84532, 'USDC', '2')}
@@ -43,6 +49,10 @@ AUTHORIZATION_TYPES = {'TransferWithAuthorization': [
     {'name': 'from', 'type': 'address'}, {'name': 'to', 'type': 'address'}, {'name': 'value', 'type': 'uint256'},
     {'name': 'validAfter', 'type': 'uint256'}, {'name': 'validBefore', 'type': 'uint256'},
     {'name': 'nonce', 'type': 'bytes32'}]}
+# what the sender of a form-1 proof's transfer signs: the call it pays, in the funding domain (verifier.funding)
+PROOF_TYPES = {'EIP712Domain': FUNDING_TYPES['EIP712Domain'],
+               'PaymentProof': [{'name': 'txHash', 'type': 'bytes32'}, {'name': 'method', 'type': 'string'},
+                                {'name': 'path', 'type': 'string'}]}
 MAX_HEADER = 16_384
 UINT256_MAX = 2**256 - 1
 HALF_CURVE_ORDER = 0x7fffffffffffffffffffffffffffffff5d576e7357a4501ddfe92f46681b20a0   # EIP-2: s above is refused
@@ -97,18 +107,21 @@ def requirements_v2(*, chain_id, token, pay_to, amount, max_timeout_seconds, nam
 
 # The checks of each form, in the order their failures are reported (CONTRACT.md 7: POST /api/x402's `checks`).
 # chainId, token, recipient and amount of a proof compare its claims and, on chain, the transaction itself.
+# A proof's `signature` (the sender's PaymentProof) is checked when the call it pays is known (evaluate_payment's
+# `escrow`, `method` and `path`).
 PROOF_CHECKS = ('decoded', 'version', 'scheme', 'network', 'chainId', 'token', 'recipient', 'payer', 'amount',
-                'found', 'succeeded', 'confirmations', 'fresh', 'notReplayed')
+                'found', 'succeeded', 'confirmations', 'fresh', 'notReplayed', 'signature')
 AUTHORIZATION_CHECKS = ('decoded', 'version', 'scheme', 'network', 'signature', 'recipient', 'amount', 'fresh',
                         'notReplayed', 'balance')
 ON_CHAIN_ONLY = ('payer', 'found', 'succeeded', 'confirmations', 'balance')     # left out without a node
 
 
-def check_names(form, x402_version, on_chain=True):
+def check_names(form, x402_version, on_chain=True, signed_call=True):
     """The checks of a payment of this form and version, in order: version 2 adds `accepted` (the requirements
-    it names are those offered) after `network`; without a node, those of ON_CHAIN_ONLY are left out."""
+    it names are those offered) after `network`; without a node, those of ON_CHAIN_ONLY are left out, and a
+    proof's `signature` without a call to check it for (`signed_call` false)."""
     names = [name for name in (PROOF_CHECKS if form == 'proof' else AUTHORIZATION_CHECKS)
-             if on_chain or name not in ON_CHAIN_ONLY]
+             if (on_chain or name not in ON_CHAIN_ONLY) and (signed_call or form != 'proof' or name != 'signature')]
     if x402_version == 2:
         names.insert(names.index('network') + 1, 'accepted')
     return names
@@ -151,7 +164,7 @@ def _payload_form(payment, x402_version):
     payload = payment.get('payload')
     if not isinstance(payload, dict):
         raise _invalid('The payment has no payload object.')
-    if 'txHash' in payload and 'signature' not in payload and 'authorization' not in payload:
+    if 'txHash' in payload and 'authorization' not in payload:
         return 'proof'
     if 'signature' in payload and 'authorization' in payload and 'txHash' not in payload:
         return 'authorization'
@@ -198,7 +211,7 @@ def _check_accepted(accepted, offered):
 
 def evaluate_payment(payment, *, chain_id, token, pay_to, min_amount, now, chain=None, confirmations=1,
                      max_age_seconds=None, tx_used=None, authorization_used=None, name=None, version=None,
-                     settle_within=0, x402_version=1):
+                     settle_within=0, x402_version=1, escrow=None, method=None, path=None):
     """Check a payment (the header's text, or the object it decodes to) of x402 version `x402_version` (that of
     the header it came in) against what is asked: `min_amount` USDC base units of `token` to `pay_to` on
     `chain_id`, at `now` (unix seconds). Both versions go through the same checks; version 2's `accepted` must
@@ -206,7 +219,9 @@ def evaluate_payment(payment, *, chain_id, token, pay_to, min_amount, now, chain
     raises ChainUnavailable). `chain` (a verifier.chain.Chain) is asked what is on chain; without it those
     checks are left out. `tx_used(tx_hash)` and `authorization_used(payer, nonce)` say whether the service has
     taken a proof already. The EIP-712 domain's name and version default to those of the network's USDC
-    (NETWORKS). An authorization must stay valid `settle_within` seconds more, to be settled before it expires."""
+    (NETWORKS). An authorization must stay valid `settle_within` seconds more, to be settled before it expires.
+    A proof's `signature` must be its sender's PaymentProof of the call `method` `path` (no query string) in the
+    funding domain of `escrow`; without `escrow` that check is left out."""
     if x402_version not in PAYMENT_HEADERS:
         raise ValueError(f'x402 version {x402_version!r}: only 1 and 2 exist')
     try:
@@ -219,7 +234,7 @@ def evaluate_payment(payment, *, chain_id, token, pay_to, min_amount, now, chain
         checks = Checks(('decoded',))
         checks.fail('decoded', error)
         return Evaluation(None, checks, x402_version=x402_version)
-    names = check_names(form, x402_version, on_chain=chain is not None)
+    names = check_names(form, x402_version, on_chain=chain is not None, signed_call=escrow is not None)
     checks = Checks(names)
     checks.passed('decoded')
     terms = _terms(payment, x402_version)
@@ -236,7 +251,8 @@ def evaluate_payment(payment, *, chain_id, token, pay_to, min_amount, now, chain
         if form == 'proof':
             _evaluate_proof(evaluation, chain=chain, chain_id=chain_id, token=token, pay_to=pay_to,
                             min_amount=min_amount, now=now, confirmations=confirmations,
-                            max_age_seconds=max_age_seconds, tx_used=tx_used)
+                            max_age_seconds=max_age_seconds, tx_used=tx_used,
+                            call=(escrow, method, path) if escrow is not None else None)
         else:
             _evaluate_authorization(evaluation, chain=chain, chain_id=chain_id, token=token, pay_to=pay_to,
                                     min_amount=min_amount, now=now, authorization_used=authorization_used,
@@ -301,7 +317,7 @@ def proof_claims(payload):
 
 
 def _evaluate_proof(evaluation, *, chain, chain_id, token, pay_to, min_amount, now, confirmations,
-                    max_age_seconds, tx_used):
+                    max_age_seconds, tx_used, call):
     checks = evaluation.checks
     try:
         claims = proof_claims(evaluation.payment['payload'])
@@ -325,6 +341,44 @@ def _evaluate_proof(evaluation, *, chain, chain_id, token, pay_to, min_amount, n
         evaluation.amount = transfer.amount if transfer else None
     checks.run('notReplayed', _expect, not (tx_used and tx_used(claims.tx_hash)),
                'This transaction has paid for something already.', 'payment_replayed')
+    if call is not None:
+        escrow, method, path = call
+        checks.run('signature', check_proof_signature, evaluation.payment['payload'].get('signature'),
+                   payer=claims.payer, tx_hash=claims.tx_hash, method=method, path=path, chain_id=chain_id,
+                   escrow=escrow)
+
+
+def proof_typed_data(*, tx_hash, method, path, chain_id, escrow):
+    """The EIP-712 typed data the sender of a form-1 proof's transfer signs for the call `method` `path` (JSON-able,
+    as eth_signTypedData_v4 and eth-account's `full_message` take it); `tx_hash` None leaves it null for the
+    client to fill in."""
+    return {'domain': {'name': DOMAIN_NAME, 'version': DOMAIN_VERSION, 'chainId': int(chain_id),
+                       'verifyingContract': checksummed(escrow, 'escrow address')},
+            'types': {name: [dict(field) for field in fields] for name, fields in PROOF_TYPES.items()},
+            'primaryType': 'PaymentProof',
+            'message': {'txHash': tx_hash.lower() if tx_hash else None, 'method': method, 'path': path}}
+
+
+def check_proof_signature(signature, *, payer, tx_hash, method, path, chain_id, escrow):
+    """The signer of a proof's PaymentProof (checksummed), which must be `payer`, the transfer's sender; every
+    failure is payment_signature_invalid."""
+    if signature is None:
+        raise VerificationError('The proof has no `signature`: its transfer\'s sender signs PaymentProof(bytes32 '
+                                'txHash,string method,string path) for this call (see proofTypedData).',
+                                'payment_signature_invalid')
+    raw = _signature_bytes(signature)
+    if not isinstance(method, str) or not isinstance(path, str):
+        raise VerificationError('There is no call to check the proof\'s signature for.', 'payment_signature_invalid')
+    try:
+        typed_data = proof_typed_data(tx_hash=tx_hash, method=method, path=path, chain_id=chain_id, escrow=escrow)
+        signer = Account.recover_message(encode_typed_data(full_message=typed_data), signature=raw)
+    except Exception:       # eth_keys' BadSignature, ValueError: a signature that recovers to no one
+        raise VerificationError('The proof\'s signature recovers to no address.', 'payment_signature_invalid') \
+            from None
+    payer = checksummed(payer, 'payer')
+    _expect(checksummed(signer, 'signer') == payer, f'The proof is not signed by {payer}, the sender of its transfer '
+            f'(or it signs another transaction, call ({method} {path}), chain or domain).', 'payment_signature_invalid')
+    return signer
 
 
 # ----- form 2: an EIP-3009 authorization (the x402 "exact" EVM scheme) -----
