@@ -630,8 +630,10 @@ class Database:
     (one at a time: the writer lock), so a failing one rolls back only itself. When it ends, the group commits
     at once if no other transaction waits for the lock (a lone write waits for nothing), else the last of those
     waiting commits it: one fsync for all, and each transaction returns only once the COMMIT holding it is
-    durable (a failed COMMIT fails every member). Under the server the COMMIT runs in a thread of gevent's pool,
-    so the process keeps reading requests meanwhile; the writer lock keeps everyone else off `conn` till it ends.
+    durable (a failed COMMIT fails every member). Under the server the COMMIT runs on a native thread of its own
+    (commit_thread: nothing else runs there, neither name lookups nor chain or Stripe calls, so none of them can
+    make a commit wait), and the process keeps reading requests meanwhile; the writer lock keeps everyone else off
+    `conn` till it ends.
 
     Reads outside a transaction go to `reads` and see committed data only; inside one (or under hold), to
     `conn`, which sees the transaction's own writes. SQLite calls never yield to gevent, so a transaction runs
@@ -662,6 +664,7 @@ class Database:
         self.commits = self.grouped = 0     # COMMITs made, and the transactions they held (logged at the end)
         from gevent import monkey
         self.commit_in_thread = monkey.is_module_patched('threading')
+        self._commit_pool = None    # commit_thread's
 
     @staticmethod
     def connect(path, replicated=False):
@@ -833,14 +836,21 @@ class Database:
             except apsw.Error as exc:
                 return exc, None
             return None, None
-        import gevent
-        done, interruption = gevent.get_hub().threadpool.spawn(self.conn.execute, 'COMMIT'), None
+        done, interruption = self.commit_thread().spawn(self.conn.execute, 'COMMIT'), None
         while not done.ready():
             try:
                 done.wait()
             except BaseException as exc:        # GreenletExit, a Timeout: after the COMMIT
                 interruption = interruption or exc
         return (None if done.successful() else done.exception), interruption
+
+    def commit_thread(self):
+        """The one native thread that runs this database's COMMITs, and nothing else (made on first use): gevent's
+        own pool also resolves host names, and a slow resolver there made every write wait (CONTRACT.md 20)."""
+        if self._commit_pool is None:
+            from gevent.threadpool import ThreadPool
+            self._commit_pool = ThreadPool(1)
+        return self._commit_pool
 
     def await_commit(self, group):
         """Return once the group's COMMIT is durable, then run what after_commit put off; raise if it failed."""
@@ -963,6 +973,8 @@ class Database:
     def close(self):
         self.reads.close()
         self.conn.close()
+        if self._commit_pool is not None:
+            self._commit_pool.kill()
 
 
 class ReplicaDatabase(Database):
