@@ -7284,7 +7284,8 @@ API_SCHEMAS = {
                               'description': 'A claim not delivered this many hours after it was made expires at the '
                                              'next sweep; the requester may release it from then on.'},
         'escrowTxHash': dict(TX_HASH_SCHEMA, description='Onchain mode, rail base: the USDC transfer that funds the '
-                                                       'job; ignored otherwise.'),
+                                                       'job; ignored otherwise. A transaction of more than 256 logs '
+                                                       'or 1 MiB of receipt is 400 payment_invalid, unread.'),
         'escrowSignature': {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{130}$',
                             'description': "With escrowTxHash: the transfer's sender's EIP-712 signature of "
                                            'fundingTypedData (the account posting, the hash); ignored otherwise.'},
