@@ -95,7 +95,7 @@ class Chain:
         self.w3 = Web3(HTTPProvider(rpc_url, request_kwargs={'timeout': timeout},
                                     exception_retry_configuration=None))
         self.session = requests.Session()       # for the bounded reads (read_bounded)
-        self.refused = {}       # (chain id, lowercase hash) -> (until: a time.monotonic(), the ReceiptTooLarge)
+        self.refused = {}       # (chain id, lowercase hash) -> (until: a time.monotonic(), why it was refused)
 
     def read_bounded(self, method, params, max_bytes=RECEIPT_MAX_BYTES):
         """The `result` of one JSON-RPC call whose answer is read as it streams in and dropped (the connection
@@ -123,13 +123,13 @@ class Chain:
         return reply['result']
 
     def refusal(self, chain_id, tx_hash):
-        """The ReceiptTooLarge a hash got within the last REFUSAL_MEMORY_SECONDS on `chain_id`, or None."""
+        """A ReceiptTooLarge as the hash got within the last REFUSAL_MEMORY_SECONDS on `chain_id`, or None."""
         key = (int(chain_id), str(tx_hash).lower())
         found = self.refused.get(key)
         if found is not None and found[0] < time.monotonic():
             del self.refused[key]
             return None
-        return found and found[1]
+        return found and ReceiptTooLarge(found[1])
 
     def remember_refusal(self, chain_id, tx_hash, error):
         """Refuse this hash again for REFUSAL_MEMORY_SECONDS without asking the node (in this process)."""
@@ -138,7 +138,7 @@ class Chain:
             del self.refused[key]
         while len(self.refused) >= REFUSALS_KEPT:
             del self.refused[next(iter(self.refused))]
-        self.refused[(int(chain_id), str(tx_hash).lower())] = (moment + REFUSAL_MEMORY_SECONDS, error)
+        self.refused[(int(chain_id), str(tx_hash).lower())] = (moment + REFUSAL_MEMORY_SECONDS, error.message)
 
     def _ask(self, what, call, *args):
         try:
