@@ -6,6 +6,7 @@ SlowDns is a DNS server on 127.0.0.1 (UDP) that answers every name with 127.0.0.
 webhook hosts (slowN.test) resolve only through it. Nothing leaves 127.0.0.1.
 """
 
+import socket
 import statistics
 import struct
 import threading
@@ -23,11 +24,10 @@ UNREACHABLE = mp.WEBHOOK_UNREACHABLE
 
 
 class SlowDns:
-    """A DNS server on 127.0.0.1 answering A queries with 127.0.0.1 (TTL 0: never cached) and AAAA with no address after `delay`
-    seconds; `asked` lists the names it was asked, as they came."""
+    """A DNS server on 127.0.0.1 answering A queries with 127.0.0.1 (TTL 0: never cached) and AAAA with no
+    address after `delay` seconds; `asked` lists the names it was asked, as they came."""
 
     def __init__(self, delay=0.0):
-        import socket
         self.delay, self.asked = delay, []
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(('127.0.0.1', 0))
@@ -69,17 +69,12 @@ def dns():
     server.close()
 
 
-def hooked_agent(app, client, key, url):
-    agent, _ = make_agent(client, key, webhookUrl=url)
-    return agent
-
-
 def test_a_lookup_that_times_out_is_a_failed_attempt_and_one_that_answers_is_delivered(other_app, dns, receiver):
     app, client = other_app(dns_server=mp.parse_dns_server(dns.address))
     _, requester_key = make_account(client, 'requester')
     _, key = make_account(client, 'worker')
     port = receiver.server.server_address[1]
-    agent = hooked_agent(app, client, key, f'http://hooks.slow.test:{port}/hook')
+    agent, _ = make_agent(client, key, webhookUrl=f'http://hooks.slow.test:{port}/hook')
     job = make_job(client, requester_key)
     db = app.service.db
     row = db.row("SELECT * FROM webhook_deliveries WHERE agent_id = :id AND event = 'job.new'", {'id': agent['id']})
@@ -99,13 +94,15 @@ def test_a_lookup_that_times_out_is_a_failed_attempt_and_one_that_answers_is_del
     assert job['id'] in receiver.requests[0]['body'].decode()
 
 
-@pytest.mark.parametrize('text, setting', [('', ''), ('127.0.0.1', '127.0.0.1:53'), (' 10.0.0.2:5353 ', '10.0.0.2:5353'),
-                                           ('::1', '[::1]:53'), ('[::1]:5353', '[::1]:5353')])
+@pytest.mark.parametrize('text, setting', [('', ''), ('127.0.0.1', '127.0.0.1:53'),
+                                           (' 10.0.0.2:5353 ', '10.0.0.2:5353'), ('::1', '[::1]:53'),
+                                           ('[::1]:5353', '[::1]:5353')])
 def test_dns_server_setting(text, setting):
     assert mp.parse_dns_server(text) == setting
 
 
-@pytest.mark.parametrize('text', ['resolver.example', '127.0.0.1:0', '127.0.0.1:65536', '1.2.3', '[::1', 'http://1.1.1.1'])
+@pytest.mark.parametrize('text', ['resolver.example', '127.0.0.1:0', '127.0.0.1:65536', '1.2.3', '[::1',
+                                  'http://1.1.1.1'])
 def test_dns_server_setting_refuses_what_is_not_an_address(text):
     with pytest.raises(ValueError):
         mp.parse_dns_server(text)
