@@ -5,6 +5,7 @@ again without asking the node, and four such checks at once do not stall the ser
 The node is a tiny JSON-RPC server on 127.0.0.1 (FakeRpcNode) that answers any hash starting with BOMB with
 a receipt of 60,000 logs (about 25 MB, sent chunked as a node streams it), and counts what it is asked and
 how many bytes of each bomb it managed to send. The server runs as a process in onchain mode against it.
+The x402 case (402, not 400) runs in-process on anvil (test_x402's apps).
 """
 
 import json
@@ -20,6 +21,7 @@ import pytest
 import requests
 
 from conftest import LiveServer, job_body
+from test_x402 import started  # noqa: F401  (a fixture: in-process apps with x402 on, on anvil)
 
 TIMEOUT = 60                # seconds for any one HTTP call: only to avoid hanging, never asserted
 ESCROW_KEY = '0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d'    # anvil's dev key 1
@@ -218,3 +220,17 @@ def test_health_answers_as_fast_while_four_receipt_bombs_are_checked_at_once(nod
         bombed += seconds
     before, during = statistics.median(plain), statistics.median(bombed)
     assert during < 10 * max(before, 0.002), (before, during, sorted(bombed))
+
+
+def test_an_x402_proof_naming_a_transaction_too_large_is_402_payment_invalid(started, anvil, monkeypatch):
+    """On an x402-priced call the same refusal is 402 (every refused proof is), `found` false, nothing taken. A
+    real transfer on anvil stands for the bomb: the bound is lowered below its one log."""
+    import verifier.chain
+    from test_x402 import assert_nothing_taken, paid, pay, proof
+    client = started()
+    monkeypatch.setattr(verifier.chain, 'RECEIPT_MAX_LOGS', 0)
+    answer = paid(client, proof(pay(anvil)))
+    assert (answer.status, answer.json['code']) == (402, 'payment_invalid'), answer.json
+    assert answer.json['checks']['found'] is False
+    assert answer.json['error'] == 'The transaction emitted 1 logs; a payment is read with at most 0.'
+    assert_nothing_taken(client)
