@@ -141,6 +141,22 @@ def parse_positive(kind):
     return read
 
 
+def parse_dns_server(text):
+    """A DNS server as IP or IP:PORT ([IPv6]:PORT), normalised; '' is the system's (/etc/resolv.conf)."""
+    text = str(text).strip()
+    if not text:
+        return ''
+    found = re.fullmatch(r'\[([0-9A-Fa-f:.]+)\](?::(\d{1,5}))?|([0-9.]+)(?::(\d{1,5}))?|([0-9A-Fa-f:]+)', text)
+    try:
+        address = ipaddress.ip_address(found[1] or found[3] or found[5])
+        port = int(found[2] or found[4] or 53)
+    except (TypeError, ValueError):
+        raise ValueError(f'expected an IP address, IP:PORT or [IPv6]:PORT, got {text!r}') from None
+    if not 0 < port < 65536:
+        raise ValueError(f'expected a port from 1 to 65535, got {port}')
+    return f'[{address}]:{port}' if address.version == 6 else f'{address}:{port}'
+
+
 @dataclass(frozen=True)
 class Price:
     """An endpoint priced for x402: METHOD and its route (as in ROUTES), and what a call costs in USDC base units."""
@@ -267,6 +283,9 @@ SETTINGS = [
             'webhook deliveries in flight at once (at most 4 per agent, 8 per account, half to failing receivers)'),
     Setting('allow_private_webhooks', False, parse_bool,
             'allow webhook URLs on loopback and private networks (tests and local demos only)'),
+    Setting('dns_server', '', parse_dns_server,
+            'the DNS server webhook host names are looked up at, IP or IP:PORT (default: the system\'s); a lookup '
+            'may take 2 s'),
     Setting('rpc_url', '', str, 'JSON-RPC URL of a Base node: turns on onchain payments for rail base'),
     Setting('chain_id', 8453, parse_positive(int), 'chain id the node must report (8453 Base, 84532 Base Sepolia)'),
     Setting('usdc_address', '', str, 'the USDC contract (default: the USDC of --chain-id)'),
@@ -671,8 +690,10 @@ class Database:
     (one at a time: the writer lock), so a failing one rolls back only itself. When it ends, the group commits
     at once if no other transaction waits for the lock (a lone write waits for nothing), else the last of those
     waiting commits it: one fsync for all, and each transaction returns only once the COMMIT holding it is
-    durable (a failed COMMIT fails every member). Under the server the COMMIT runs in a thread of gevent's pool,
-    so the process keeps reading requests meanwhile; the writer lock keeps everyone else off `conn` till it ends.
+    durable (a failed COMMIT fails every member). Under the server the COMMIT runs on a native thread of its own
+    (commit_thread: nothing else runs there, neither name lookups nor chain or Stripe calls, so none of them can
+    make a commit wait), and the process keeps reading requests meanwhile; the writer lock keeps everyone else off
+    `conn` till it ends.
 
     Reads outside a transaction go to `reads` and see committed data only; inside one (or under hold), to
     `conn`, which sees the transaction's own writes. SQLite calls never yield to gevent, so a transaction runs
@@ -703,6 +724,7 @@ class Database:
         self.commits = self.grouped = 0     # COMMITs made, and the transactions they held (logged at the end)
         from gevent import monkey
         self.commit_in_thread = monkey.is_module_patched('threading')
+        self._commit_pool = None    # commit_thread's
 
     @staticmethod
     def connect(path, replicated=False):
@@ -874,14 +896,21 @@ class Database:
             except apsw.Error as exc:
                 return exc, None
             return None, None
-        import gevent
-        done, interruption = gevent.get_hub().threadpool.spawn(self.conn.execute, 'COMMIT'), None
+        done, interruption = self.commit_thread().spawn(self.conn.execute, 'COMMIT'), None
         while not done.ready():
             try:
                 done.wait()
             except BaseException as exc:        # GreenletExit, a Timeout: after the COMMIT
                 interruption = interruption or exc
         return (None if done.successful() else done.exception), interruption
+
+    def commit_thread(self):
+        """The one native thread that runs this database's COMMITs, and nothing else (made on first use): gevent's
+        own pool also resolves host names, and a slow resolver there made every write wait (CONTRACT.md 20)."""
+        if self._commit_pool is None:
+            from gevent.threadpool import ThreadPool
+            self._commit_pool = ThreadPool(1)
+        return self._commit_pool
 
     def await_commit(self, group):
         """Return once the group's COMMIT is durable, then run what after_commit put off; raise if it failed."""
@@ -1004,6 +1033,8 @@ class Database:
     def close(self):
         self.reads.close()
         self.conn.close()
+        if self._commit_pool is not None:
+            self._commit_pool.kill()
 
 
 class ReplicaDatabase(Database):
@@ -1905,19 +1936,55 @@ class BlockedAddress(OSError):
     """A webhook URL's host resolves to an address that webhooks may not reach."""
 
 
-def pinned_address(url, allow_private):
-    """Resolve a webhook URL's host once and check every address it has (unless `allow_private`): the
-    (family, sockaddr) to connect to, the first one. BlockedAddress if any is not public. Network I/O."""
+WEBHOOK_LOOKUP_SECONDS = 2      # a webhook host's name lookup; longer fails, as an attempt without an answer
+_host_resolvers = {}            # (gevent hub, dns server) -> its c-ares resolver (host_resolver)
+
+
+def host_resolver(dns_server=''):
+    """This thread's c-ares resolver for webhook hosts, asking `dns_server` (IP:PORT; '': the system's servers).
+    It runs in gevent's loop: no thread of gevent's pool, nor the commit thread, ever waits for a name."""
+    import gevent.resolver.ares
+    hub = gevent.get_hub()
+    key = (hub, dns_server)
+    if key not in _host_resolvers:
+        options = {'timeout': WEBHOOK_LOOKUP_SECONDS, 'tries': 1}
+        if dns_server:
+            host, _, port = dns_server.rpartition(':')
+            options.update(servers=[host.strip('[]')], udp_port=int(port), tcp_port=int(port))
+        _host_resolvers[key] = gevent.resolver.ares.Resolver(hub, **options)
+    return _host_resolvers[key]
+
+
+def lookup_host(host, port, dns_server=''):
+    """getaddrinfo's answers (TCP) for a webhook host, within WEBHOOK_LOOKUP_SECONDS (else TimeoutError, an
+    OSError). Under the server (and whenever a --dns-server is given) through host_resolver; in-process tests,
+    which fake socket.getaddrinfo, through the socket module. Network I/O."""
+    from gevent import monkey
+    try:
+        ipaddress.ip_address(host.split('%')[0])
+        return monkey.get_original('socket', 'getaddrinfo')(      # an address: nothing to look up, no thread
+            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_NUMERICHOST)
+    except ValueError:
+        pass
+    if not dns_server and not monkey.is_module_patched('socket'):
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    with gevent.Timeout(WEBHOOK_LOOKUP_SECONDS, TimeoutError(f'no answer for {host} in {WEBHOOK_LOOKUP_SECONDS} s')):
+        return host_resolver(dns_server).getaddrinfo(host, port, 0, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+
+
+def pinned_address(url, allow_private, dns_server=''):
+    """Resolve a webhook URL's host once (lookup_host) and check every address it has (unless `allow_private`):
+    the (family, sockaddr) to connect to, the first one. BlockedAddress if any is not public. Network I/O."""
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == 'https' else 80)
-    found = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    found = lookup_host(parts.hostname, port, dns_server)
     if not allow_private and not all(is_public_address(info[4][0]) for info in found):
         raise BlockedAddress(f'{parts.hostname} resolves to an address webhooks may not reach')
     family, _, _, _, sockaddr = found[0]
     return family, sockaddr
 
 
-def webhook_url_problem(url, allow_private):
+def webhook_url_problem(url, allow_private, dns_server=''):
     """What makes a webhook URL unusable, or None: the scheme, or (unless allowed) an address that resolves
     to a loopback, private, link-local or multicast network. Resolving the name is network I/O."""
     parts = urlsplit(url)
@@ -1928,7 +1995,7 @@ def webhook_url_problem(url, allow_private):
     if allow_private:
         return None
     try:
-        pinned_address(url, allow_private=False)
+        pinned_address(url, allow_private=False, dns_server=dns_server)
     except BlockedAddress:
         return 'resolves to a loopback, private, link-local or multicast address, which webhooks may not reach'
     except (OSError, ValueError, UnicodeError):
@@ -2420,7 +2487,7 @@ def read_agent_body(body, settings, partial=False):
         if partial and field in body and body[field] is None:
             form.errors[field] = 'cannot be removed'
     if agent['webhook_url'] and 'webhookUrl' not in form.errors:
-        problem = webhook_url_problem(agent['webhook_url'], settings.allow_private_webhooks)
+        problem = webhook_url_problem(agent['webhook_url'], settings.allow_private_webhooks, settings.dns_server)
         if problem:
             form.errors['webhookUrl'] = problem
     if agent['wallet_address'] and 'walletAddress' not in form.errors:
@@ -4342,14 +4409,15 @@ class WebhookClient:
     connects to the address checked (so DNS rebinding between the check and the connection cannot help), never
     follows redirects and never reads a proxy from the environment."""
 
-    def __init__(self, allow_private):
+    def __init__(self, allow_private, dns_server=''):
         self.allow_private = allow_private
+        self.dns_server = dns_server        # where host names are looked up (lookup_host)
 
     def post(self, url, data, headers, timeout, **_):
         """One POST (called as requests' Session.post is, which tests may stand in for): the answer's status_code
         and headers, its body never read; any failure without an HTTP answer raises."""
         parts = urlsplit(url)
-        address = pinned_address(url, self.allow_private)
+        address = pinned_address(url, self.allow_private, self.dns_server)
         if parts.scheme == 'https':
             import certifi
             connection = PinnedHTTPS(parts.hostname, parts.port or 443, timeout=timeout,
@@ -4366,9 +4434,9 @@ class WebhookClient:
             connection.close()
 
 
-def webhook_session(allow_private):
+def webhook_session(allow_private, dns_server=''):
     """The client that sends every webhook of a service (see WebhookClient)."""
-    return WebhookClient(allow_private)
+    return WebhookClient(allow_private, dns_server)
 
 
 def signature_headers(secret, delivery_id, event, body, moment):
@@ -7574,7 +7642,8 @@ API_SCHEMAS = {
                               'description': 'A claim not delivered this many hours after it was made expires at the '
                                              'next sweep; the requester may release it from then on.'},
         'escrowTxHash': dict(TX_HASH_SCHEMA, description='Onchain mode, rail base: the USDC transfer that funds the '
-                                                       'job; ignored otherwise.'),
+                                                       'job; ignored otherwise. A transaction of more than 256 logs '
+                                                       'or 1 MiB of receipt is 400 payment_invalid, unread.'),
         'escrowSignature': {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{130}$',
                             'description': "With escrowTxHash: the transfer's sender's EIP-712 signature of "
                                            'fundingTypedData (the account posting, the hash); ignored otherwise.'},
@@ -8536,7 +8605,7 @@ class Service:
             ensure_admin_key(self.db, settings.admin_key)
         self.limiter = RateLimiter(settings.rate_limit_scale)
         self.hub = StreamHub(settings.base_url, self.db)
-        self.webhooks = webhook_session(settings.allow_private_webhooks)
+        self.webhooks = webhook_session(settings.allow_private_webhooks, settings.dns_server)
         self.openapi = openapi_document(settings.base_url, settings.x402_price)   # fails on an undocumented route
         self.background = False     # True under the server: network work then runs in its own greenlet
         self.fan_out_wanted = None  # under the server: the gevent Event that wakes the fan-out greenlet

@@ -2,7 +2,8 @@
 
 In-process, with threads and a COMMIT held back by a hook, groups form at known places: a lone write commits at
 once and alone, a failing member undoes only itself, a failed COMMIT fails every member and applies none, a kill
-during a COMMIT in gevent's thread pool waits for it, and outbox events that reach nobody share one fan-out. Through
+during a COMMIT on its thread waits for it, a COMMIT never waits for gevent's
+thread pool (full of slow name lookups), and outbox events that reach nobody share one fan-out. Through
 the real server: a claim that loses a race amid unrelated posts undoes none of them, keys sent many times at once
 inside groups make one job each, and SIGKILL in the middle of 32 posters loses no answered job and half-writes none.
 """
@@ -167,6 +168,51 @@ def test_a_kill_during_the_commit_waits_for_it_and_leaves_the_writer_usable(app,
     assert (db._group, db._owner, db.conn.in_transaction) == (None, None, False)
     mp.create_account(db, 'after')
     assert account_count(db, 'after') == 1
+
+
+def test_a_commit_runs_on_a_thread_of_its_own_while_gevents_pool_is_full(app, monkeypatch):
+    """CONTRACT.md 20: nothing outside waits in a commit's way. Every thread of gevent's pool is taken (as slow
+    name lookups take them), yet a write commits, on a thread that is none of them; today it waited for one."""
+    import gevent
+    db = app.service.db
+    monkeypatch.setattr(db, 'commit_in_thread', True)
+    pool, gate, busy = gevent.get_hub().threadpool, threading.Event(), []
+
+    def lookup():
+        busy.append(threading.get_ident())
+        gate.wait(30)
+    blockers = [pool.spawn(lookup) for _ in range(pool.maxsize)]
+    try:
+        deadline = time.monotonic() + 10
+        while len(busy) < pool.maxsize and time.monotonic() < deadline:
+            gevent.sleep(0.01)
+        assert len(busy) == pool.maxsize
+        committer = []
+        monkeypatch.setattr(db, 'conn', CommitThread(db.conn, committer))
+        writing = gevent.spawn(mp.create_account, db, 'written while the pool is full')
+        writing.join(timeout=10)        # only a bound on the wait: it commits at once
+        assert writing.successful(), writing.exception
+        assert not any(blocker.ready() for blocker in blockers)      # the pool still full: it did not wait for it
+    finally:
+        gate.set()
+        gevent.joinall(blockers, timeout=10)
+    assert account_count(db, 'written while the pool is full') == 1
+    assert len(committer) == 1 and committer[0] not in busy and committer[0] != threading.get_ident()
+
+
+class CommitThread:
+    """A connection that notes the thread each COMMIT runs on."""
+
+    def __init__(self, conn, threads):
+        self.conn, self.threads = conn, threads
+
+    def execute(self, sql, *args):
+        if sql == 'COMMIT':
+            self.threads.append(threading.get_ident())
+        return self.conn.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
 
 
 def test_events_that_reach_nobody_share_one_fan_out_transaction(app, client, monkeypatch):

@@ -20,8 +20,8 @@ from eth_utils import keccak
 from hexbytes import HexBytes
 
 from verifier.chain import Chain, plain_receipt
-from verifier.checks import (TRANSFER_TOPIC, Transfer, check_canonical, check_chain_id, check_confirmations,
-                             check_fresh, check_succeeded, check_usdc_transfer, usdc_transfers)
+from verifier.checks import (TRANSFER_CHECKS, TRANSFER_TOPIC, Checks, Transfer, check_canonical, check_chain_id,
+                             check_confirmations, check_fresh, check_succeeded, check_usdc_transfer, usdc_transfers)
 from verifier.errors import ChainUnavailable, FeeTooLow, VerificationError
 from verifier.funding import check_funding_signature
 from verifier.funding import funding_typed_data as server_typed_data
@@ -753,6 +753,68 @@ def test_a_block_missing_fields_is_chain_unavailable(node, chain, missing):
     with pytest.raises(Exception) as raised:
         verify(chain, tx_hash)
     assert type(raised.value) is ChainUnavailable
+
+
+# ----- receipts read within bounds (CONTRACT.md 20) -----
+
+def with_logs(node, count, data_bytes=32):
+    """A mined transfer of 25 USDC to escrow among `count` logs (the others Approvals of another token); its hash."""
+    other = {'address': OTHER_TOKEN, 'topics': [APPROVAL_TOPIC, word(PAYER), word(ESCROW)],
+             'data': '0x' + '00' * data_bytes}
+    return node.add(make_receipt(logs=[transfer_log(USDC, PAYER, ESCROW, 25_000_000)] + [other] * (count - 1),
+                                 tx_hash=tx_hash_of(f'{count} logs of {data_bytes} bytes')))
+
+
+def test_a_receipt_of_256_logs_is_read_and_one_of_257_is_payment_invalid_unread(node, chain):
+    assert verify(chain, with_logs(node, 256)).amount == 25_000_000
+    asked = len(node.calls)
+    with pytest.raises(VerificationError) as raised:
+        verify(chain, with_logs(node, 257))
+    assert (code_of(raised), raised.value.message) == (
+        'payment_invalid', 'The transaction emitted 257 logs; a payment is read with at most 256.')
+    assert node.methods()[asked:] == ['eth_getTransactionReceipt']       # nothing more was asked
+
+
+def test_a_receipt_over_1_mib_is_payment_invalid(node, chain):
+    tx_hash = with_logs(node, 100, data_bytes=6_000)        # 100 logs, 1.2 MB of hex
+    with pytest.raises(VerificationError) as raised:
+        verify(chain, tx_hash)
+    assert code_of(raised) == 'payment_invalid'
+    assert raised.value.message == ("The node's answer to eth_getTransactionReceipt is over 1048576 bytes; a "
+                                    "payment is read with at most 1048576.")
+    assert node.methods() == ['eth_getTransactionReceipt']
+    assert verify(chain, with_logs(node, 100, data_bytes=4_000)).amount == 25_000_000     # 0.8 MB: read
+
+
+def test_a_hash_refused_for_its_size_is_refused_for_an_hour_per_chain_without_asking_the_node(node, chain,
+                                                                                             monkeypatch):
+    import verifier.chain
+    tx_hash = with_logs(node, 300)
+    for again in (tx_hash, tx_hash, tx_hash.upper().replace('0X', '0x')):
+        with pytest.raises(VerificationError) as raised:
+            verify(chain, again)
+        assert code_of(raised) == 'payment_invalid'
+    assert node.count('eth_getTransactionReceipt') == 1
+    with pytest.raises(VerificationError):          # on another chain it is another transaction: asked
+        verify(chain, tx_hash, chain_id=84532)
+    assert node.count('eth_getTransactionReceipt') == 2
+    later = time.monotonic() + 3601
+    monkeypatch.setattr(verifier.chain, 'time', type('Clock', (), {'monotonic': staticmethod(lambda: later),
+                                                                  'time': staticmethod(time.time)}))
+    with pytest.raises(VerificationError):          # an hour later: asked again
+        verify(chain, tx_hash)
+    assert node.count('eth_getTransactionReceipt') == 3
+
+
+def test_a_proof_naming_a_receipt_too_large_fails_found_and_every_later_check(node, chain):
+    """The x402 form-1 path (all checks recorded, none raised): payment_invalid, 402 on a priced call."""
+    checks = Checks(TRANSFER_CHECKS)
+    tx_hash = with_logs(node, 1_000)
+    assert chain.check_transfer(checks, tx_hash, chain_id=BASE_CHAIN, token=USDC, recipient=ESCROW,
+                                min_amount=25_000_000, payer=PAYER) is None
+    assert checks.as_dict() == {name: False for name in TRANSFER_CHECKS}
+    assert checks.error.code == 'payment_invalid'
+    assert node.methods() == ['eth_getTransactionReceipt']
 
 
 def test_receipt_and_transaction_chain_id(node, chain):

@@ -2,12 +2,18 @@
 
 Every answer becomes a plain dict or int, and every failure of the node (down, slow, garbage) becomes
 ChainUnavailable, so callers never see a web3 or requests exception. Each call has a time-out and no
-hidden retries.
+hidden retries. A transaction named by a caller (its receipt, the transaction itself) is read raw, within
+bounds (RECEIPT_MAX_BYTES, RECEIPT_MAX_LOGS), never decoded by web3: a receipt of 70,000 logs would cost
+the process seconds of Python (CONTRACT.md 20).
 """
 
+import json
 import logging
+import re
 import sys
 import time
+
+import requests
 
 _recursion_limit = sys.getrecursionlimit()
 from web3 import HTTPProvider, Web3  # noqa: E402
@@ -16,8 +22,9 @@ sys.setrecursionlimit(_recursion_limit)     # importing web3 raises it to 100000
 
 from verifier.checks import (STEP_OF_CODE, TRANSFER_CHECKS, TRANSFER_STEPS, Checks, check_canonical, check_chain_id,
                              check_confirmations, check_fresh, check_succeeded, check_usdc_transfer, checksummed)
-from verifier.errors import ChainUnavailable, FeeTooLow, VerificationError
-from verifier.redact import redact_url, url_secrets, without_secrets
+from verifier.addresses import to_checksum_address  # noqa: E402
+from verifier.errors import ChainUnavailable, FeeTooLow, ReceiptTooLarge, VerificationError  # noqa: E402
+from verifier.redact import redact_url, url_secrets, without_secrets  # noqa: E402
 
 log = logging.getLogger('verifier.chain')
 BALANCE_OF = '0x70a08231'      # balanceOf(address)
@@ -26,6 +33,12 @@ ALREADY_SENT = ('already known', 'nonce too low', 'known transaction', 'already 
 # that does not pay enough more than the transaction it replaces.
 FEE_REFUSED = ('underpriced', 'less than block base fee', 'fee cap', 'feecap', 'base fee', 'gas price too low',
                'max fee per gas less than')
+# A caller's transaction is read within these bounds (CONTRACT.md 20): more is refused (payment_invalid) unread.
+RECEIPT_MAX_BYTES = 1 << 20         # of the node's JSON answer, for the receipt and for the transaction
+RECEIPT_MAX_LOGS = 256
+REFUSAL_MEMORY_SECONDS = 3600       # a hash refused for its size is refused again, without asking the node
+REFUSALS_KEPT = 10_000              # at most this many remembered (per process), the oldest forgotten first
+_ADDRESS = re.compile(r'0x[0-9a-fA-F]{40}')
 
 
 def _hex(value):
@@ -36,15 +49,38 @@ def _hex(value):
     return value if str(value).startswith('0x') else '0x' + str(value)
 
 
+def _int(value):
+    """A JSON-RPC quantity ('0x1a') or an int as an int."""
+    if isinstance(value, str):
+        if not value.startswith('0x'):
+            raise ValueError(f'{value[:20]!r} is not a hex quantity')
+        return int(value, 16)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f'{type(value).__name__} is not a quantity')
+    return value
+
+
+def _log_address(address):
+    address = _hex(address)
+    return to_checksum_address(address) if _ADDRESS.fullmatch(address) else address     # malformed: the checks say so
+
+
 def plain_receipt(receipt):
-    """A web3 receipt as the plain dict the checks take."""
+    """A receipt, as the node's JSON or web3's decoding of it, as the plain dict the checks take; ReceiptTooLarge
+    (counted before anything is decoded) with more than RECEIPT_MAX_LOGS logs."""
+    logs = receipt['logs']
+    if not isinstance(logs, list):
+        raise TypeError('logs is not a list')
+    if len(logs) > RECEIPT_MAX_LOGS:
+        raise ReceiptTooLarge(f'The transaction emitted {len(logs)} logs; a payment is read with at most '
+                              f'{RECEIPT_MAX_LOGS}.')
     return {
-        'transactionHash': _hex(receipt['transactionHash']),
-        'status': int(receipt['status']),
-        'blockNumber': int(receipt['blockNumber']),
-        'blockHash': _hex(receipt['blockHash']),
-        'logs': [{'address': log_['address'], 'topics': [_hex(t) for t in log_['topics']], 'data': _hex(log_['data'])}
-                 for log_ in receipt['logs']],
+        'transactionHash': _hex(receipt['transactionHash']).lower(),
+        'status': _int(receipt['status']),
+        'blockNumber': _int(receipt['blockNumber']),
+        'blockHash': _hex(receipt['blockHash']).lower(),
+        'logs': [{'address': _log_address(log_['address']), 'topics': [_hex(t).lower() for t in log_['topics']],
+                  'data': _hex(log_['data']).lower()} for log_ in logs],
     }
 
 
@@ -53,10 +89,56 @@ class Chain:
 
     def __init__(self, rpc_url, *, timeout=10):
         self.rpc_url = rpc_url
+        self.timeout = timeout
         self.where = redact_url(rpc_url)        # what logs may show of it: a provider's key is in its path or query
         self.secrets = url_secrets(rpc_url)
         self.w3 = Web3(HTTPProvider(rpc_url, request_kwargs={'timeout': timeout},
                                     exception_retry_configuration=None))
+        self.session = requests.Session()       # for the bounded reads (read_bounded)
+        self.refused = {}       # (chain id, lowercase hash) -> (until: a time.monotonic(), why it was refused)
+
+    def read_bounded(self, method, params, max_bytes=RECEIPT_MAX_BYTES):
+        """The `result` of one JSON-RPC call whose answer is read as it streams in and dropped (the connection
+        closed, unread) past `max_bytes`: ReceiptTooLarge then. Nothing of it is decoded but the JSON itself."""
+        deadline = time.monotonic() + self.timeout
+        with self.session.post(self.rpc_url, json={'jsonrpc': '2.0', 'id': 1, 'method': method, 'params': params},
+                               timeout=self.timeout, stream=True) as answer:
+            answer.raise_for_status()
+            length = answer.headers.get('Content-Length', '')
+            too_large = ReceiptTooLarge(f'The node\'s answer to {method} is over {max_bytes} bytes; a payment is '
+                                        f'read with at most {max_bytes}.')
+            if length.isdigit() and int(length) > max_bytes:
+                raise too_large
+            body, size = [], 0
+            for chunk in answer.iter_content(64 * 1024):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise too_large
+                if time.monotonic() > deadline:
+                    raise requests.exceptions.ReadTimeout(f'the answer took over {self.timeout} s')
+                body.append(chunk)
+        reply = json.loads(b''.join(body))
+        if not isinstance(reply, dict) or 'result' not in reply:
+            raise ValueError(f'the node answered {method} with an error or without a result')
+        return reply['result']
+
+    def refusal(self, chain_id, tx_hash):
+        """A ReceiptTooLarge as the hash got within the last REFUSAL_MEMORY_SECONDS on `chain_id`, or None."""
+        key = (int(chain_id), str(tx_hash).lower())
+        found = self.refused.get(key)
+        if found is not None and found[0] < time.monotonic():
+            del self.refused[key]
+            return None
+        return found and ReceiptTooLarge(found[1])
+
+    def remember_refusal(self, chain_id, tx_hash, error):
+        """Refuse this hash again for REFUSAL_MEMORY_SECONDS without asking the node (in this process)."""
+        moment = time.monotonic()
+        for key in [key for key, (until, _) in self.refused.items() if until < moment]:
+            del self.refused[key]
+        while len(self.refused) >= REFUSALS_KEPT:
+            del self.refused[next(iter(self.refused))]
+        self.refused[(int(chain_id), str(tx_hash).lower())] = (moment + REFUSAL_MEMORY_SECONDS, error.message)
 
     def _ask(self, what, call, *args):
         try:
@@ -87,25 +169,26 @@ class Chain:
             raise ChainUnavailable(f'The node answered a malformed block ({exc!r}).') from None
 
     def receipt(self, tx_hash):
-        """The transaction's receipt as a plain dict, or None while it is unknown or not mined."""
-        try:
-            receipt = self._ask('eth_getTransactionReceipt', self.w3.eth.get_transaction_receipt, tx_hash)
-        except TransactionNotFound:
-            return None
+        """The transaction's receipt as a plain dict, or None while it is unknown or not mined; ReceiptTooLarge
+        past RECEIPT_MAX_BYTES or RECEIPT_MAX_LOGS (read raw, never decoded by web3)."""
+        receipt = self._ask('eth_getTransactionReceipt', self.read_bounded, 'eth_getTransactionReceipt', [tx_hash])
         if receipt is None:
             return None
         try:
             return plain_receipt(receipt)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ChainUnavailable(f'The node answered a malformed receipt ({exc}).') from None
 
     def transaction_chain_id(self, tx_hash):
-        """The chainId the transaction was signed for (None for legacy transactions without one)."""
-        try:
-            tx = self._ask('eth_getTransactionByHash', self.w3.eth.get_transaction, tx_hash)
-        except TransactionNotFound:
+        """The chainId the transaction was signed for (None for legacy transactions without one); read within
+        RECEIPT_MAX_BYTES, as the receipt."""
+        tx = self._ask('eth_getTransactionByHash', self.read_bounded, 'eth_getTransactionByHash', [tx_hash])
+        if tx is None:
             return None
-        return tx.get('chainId')
+        try:
+            return None if tx.get('chainId') is None else _int(tx['chainId'])
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ChainUnavailable(f'The node answered a malformed transaction ({exc}).') from None
 
     def nonce(self, address):
         """The next nonce of an address, counting its pending transactions."""
@@ -165,8 +248,22 @@ class Chain:
 
     def check_transfer(self, checks, tx_hash, *, chain_id, token, recipient, min_amount, payer=None,
                        confirmations=1, max_age_seconds=None, now=None, one_transfer=False):
-        """Run the TRANSFER_CHECKS of a USDC payment into `checks`; the Transfer if the money moved, else None."""
-        receipt = self.receipt(tx_hash)
+        """Run the TRANSFER_CHECKS of a USDC payment into `checks`; the Transfer if the money moved, else None.
+        A transaction too large to read (ReceiptTooLarge) fails `found`, and is refused again for an hour
+        without asking the node."""
+        refused = self.refusal(chain_id, tx_hash)
+        try:
+            if refused is not None:
+                raise refused
+            receipt = self.receipt(tx_hash)
+            tx_chain_id = self.transaction_chain_id(tx_hash) if receipt is not None and receipt['status'] == 1 \
+                else None
+        except ReceiptTooLarge as error:
+            if refused is None:
+                self.remember_refusal(chain_id, tx_hash, error)
+            checks.fail('found', error)
+            checks.skip(*TRANSFER_CHECKS[1:])
+            return None
         if receipt is None:
             checks.fail('found', VerificationError('No mined transaction has this hash (yet).', 'payment_not_found',
                                                    retry_after=2))
@@ -176,7 +273,7 @@ class Chain:
         if not checks.run('succeeded', check_succeeded, receipt):
             checks.skip(*TRANSFER_CHECKS[2:])
             return None
-        checks.run('chainId', check_chain_id, self.transaction_chain_id(tx_hash), chain_id)
+        checks.run('chainId', check_chain_id, tx_chain_id, chain_id)
         try:
             transfer = check_usdc_transfer(receipt, token=token, recipient=recipient, min_amount=min_amount,
                                            payer=payer, one_transfer=one_transfer)

@@ -23,3 +23,9 @@ class FeeTooLow(ChainUnavailable):
     """The node refused a transaction for its fee (below the base fee, or an underpriced replacement)."""
 
     code = 'fee_too_low'
+
+
+class ReceiptTooLarge(VerificationError):
+    """A caller's transaction is too large to read (over 1 MiB of receipt or 256 logs): refused unread."""
+
+    code = 'payment_invalid'
