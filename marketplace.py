@@ -7934,6 +7934,8 @@ ERROR_RESPONSES = {
     422: ('IdempotencyKeyReused', 'This Idempotency-Key was used for another method, path or body in the last 24 '
                                   'hours (`idempotency_key_reused`).', ()),
     413: ('BodyTooLarge', 'The request body is over 1 MiB.', ()),
+    408: ('RequestTimeout', 'The request body did not all arrive within --body-timeout seconds (30) of the end of '
+                            'the headers (`request_timeout`); the connection is closed.', ()),
     415: ('UnsupportedMediaType', 'The body is not declared Content-Type: application/json.', ()),
     503: ('Unavailable', 'The blockchain node (or the database) cannot answer now; retry later.', ('Retry-After',)),
     429: ('RateLimited', 'Too many requests from this IP in this hour (admin keys are exempt).',
@@ -7999,7 +8001,8 @@ def openapi_operation(path, entry):
     responses = {str(status): success}
     for other, (name, description) in entry.get('also', {}).items():
         responses[str(other)] = {'description': description, 'content': json_content(name)}
-    for code in sorted(set(entry['errors']) | {405}):
+    body_late = {408} if 'body' in entry else set()     # the HTTP layer's, for any body: --body-timeout
+    for code in sorted(set(entry['errors']) | {405} | body_late):
         responses[str(code)] = {'$ref': f'#/components/responses/{ERROR_RESPONSES[code][0]}'}
     for code in entry.get('html_errors', ()):      # a page's refusals are pages too
         responses[str(code)] = {'description': f'{ERROR_RESPONSES[code][1]} As an HTML page.',
