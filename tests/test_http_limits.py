@@ -377,10 +377,16 @@ def test_an_answer_before_the_body_closes_the_connection_without_reading_it(dead
     assert b'Connection: close' in headers
 
 
-def server_lines_since(server, count, text, seconds=10):
-    """The server's output lines after the first `count`, once one contains `text` (waiting up to `seconds`)."""
-    server.output.wait_for(text, seconds)
-    return server.output.lines[count:]
+def lines_until_answered(server, count, source, status, seconds=10):
+    """The server's output lines after the first `count`, once the access line of a request from `source` answered
+    `status` is among them (waiting up to `seconds`, only to avoid hanging)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        lines = list(server.output.lines)[count:]
+        if any(line.startswith(source + ' ') and f'" {status} ' in line for line in lines) \
+                or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.01)
 
 
 @pytest.mark.parametrize('source, head, sent', [
@@ -401,7 +407,7 @@ def test_an_aborted_or_malformed_body_is_400_and_one_log_line(deadline_server, s
     assert (status, body['code'], body['status']) == ('HTTP/1.1 400 Bad Request', 'bad_request', 400)
     assert body['error'] == mp.BodyAborted.message
     assert b'Connection: close' in headers
-    lines = server_lines_since(deadline_server, before, '"POST /api/accounts HTTP/1.1" 400')
+    lines = lines_until_answered(deadline_server, before, source, 400)
     said = [line for line in lines if source in line]
     assert not any('Traceback' in line for line in lines), lines
     assert len(said) == 2, said     # its access line, and one line that says what was wrong with the body
