@@ -8813,10 +8813,10 @@ def make_server(app, settings):
                 self.failed, what = BodyTimedOut(), f'did not all arrive within {settings.body_timeout:g} s'
             except (OSError, ValueError) as exc:       # gevent's IOError, _InvalidClientInput, a reset, int('')
                 self.failed, what = BodyAborted(), f'is cut short or malformed ({exc!r:.200})'
-            environ = self.environ
-            log.warning('%s %s from %s: the request body %s; answered %s and closed',
-                        environ.get('REQUEST_METHOD'), environ.get('PATH_INFO', '')[:200],
-                        client_address(environ, settings.trust_proxy), what, self.failed.status)
+            environ = self.environ      # the route's template, never the raw path (a %0A in it would end the line)
+            log.warning('%s %s from %s: the request body %s; answered %s and closed', environ.get('REQUEST_METHOD'),
+                        route_template(environ), client_address(environ, settings.trust_proxy), what,
+                        self.failed.status)
             raise self.failed
 
         @property
