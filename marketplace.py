@@ -254,6 +254,9 @@ SETTINGS = [
     Setting('max_connections_per_ip', 64, parse_positive(int),
             'open connections from one client address (IPv6: one /64); more are closed at once'),
     Setting('max_connections', 4096, parse_positive(int), 'open connections in all; more are closed at once'),
+    Setting('max_requests_per_client', 64, parse_positive(int),
+            'with --trust-proxy: requests in flight at once from one client (its X-Forwarded-For address; IPv6: one '
+            '/64); more are answered 503'),
     Setting('sweep_interval', 60.0, parse_positive(float),
             'seconds between the automatic expire and auto-verify sweeps (the first runs one interval after start)'),
     Setting('required_votes', 3, parse_odd, 'arbitrator votes that decide a dispute (odd)'),
@@ -8773,6 +8776,9 @@ def make_server(app, settings):
     --max-connections-per-ip from one address group or --max-connections in all is closed as soon as it
     is accepted, before anything is read. A request whose body boundary is ambiguous gets 400 and closed.
 
+    With --trust-proxy every connection is the proxy's, so the cap per client counts requests in flight by the
+    client the proxy names (X-Forwarded-For): more than --max-requests-per-client at once are answered 503.
+
     A request's body must arrive in full within --body-timeout seconds of the end of its headers (BodyInput):
     read later it is 408, cut short or malformed 400, each with one log line and the connection closed. An
     answer given while the body is not all read says `Connection: close` and the body is never drained.
@@ -8830,6 +8836,16 @@ def make_server(app, settings):
 
         def _discard(self):
             """Never read a body that nobody asked for: the connection is closed instead."""
+
+    def client_too_busy(environ, start_response):
+        """The answer to a request over --max-requests-per-client: 503, JSON, and the connection closed."""
+        error = Unavailable(f'This client has {settings.max_requests_per_client} requests in flight already; send '
+                            'this one when one of them has finished.')
+        body = json_bytes(error.body())
+        start_response('503 Service Unavailable', [
+            ('Content-Type', JSON_TYPE), ('Content-Length', str(len(body))), ('Retry-After', '1'),
+            ('Connection', 'close'), ('X-Content-Type-Options', 'nosniff'), ('X-Request-Id', request_id(environ))])
+        return [body]
 
     class Handler(WSGIHandler):
         requests_started = 0
@@ -8912,7 +8928,21 @@ def make_server(app, settings):
         def handle_one_response(self):
             if self.server.stopping:
                 self.close_connection = True
-            return super().handle_one_response()
+            if not settings.trust_proxy:
+                return super().handle_one_response()
+            # Behind a proxy every connection is the proxy's: the cap per client counts its requests in flight.
+            client = address_group(client_address(self.environ, True))
+            in_flight = self.server.requests_by_client
+            if in_flight.get(client, 0) >= settings.max_requests_per_client:
+                self.application = client_too_busy
+                return super().handle_one_response()
+            in_flight[client] = in_flight.get(client, 0) + 1
+            try:
+                return super().handle_one_response()
+            finally:
+                in_flight[client] -= 1
+                if not in_flight[client]:
+                    del in_flight[client]
 
         def get_environ(self):
             """gevent's environ, its body read by a BodyInput whose deadline starts now, at the end of the headers
@@ -9015,6 +9045,7 @@ def make_server(app, settings):
             self.idle = set()
             self.open_connections = 0
             self.open_by_group = {}
+            self.requests_by_client = {}    # with --trust-proxy: requests in flight by forwarded client's group
             self.refused_connections = 0
             self.refusals_logged_at = 0.0
 

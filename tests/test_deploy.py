@@ -106,14 +106,14 @@ def proxied(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def proxied_unlimited(tmp_path_factory):
-    """(Caddy, the server's output) as `proxied`, but rate limits off (a private deployment, or many addresses)
-    and 256 connections in all, the per-address cap raised to it as the unit does."""
+    """(Caddy, the server's output) as `proxied`, but rate limits off (a private deployment, or many addresses),
+    256 connections in all, the per-address cap raised to it as the unit does, and 8 requests in flight per client."""
     if shutil.which('caddy') is None:
         pytest.skip('caddy is not installed: sudo apt-get install caddy')
     directory = tmp_path_factory.mktemp('unlimited')
     server = LiveServer(directory / 'unlimited.db', ['--trust-proxy', '--max-connections', str(UNLIMITED_CONNECTIONS),
                                                      '--max-connections-per-ip', str(UNLIMITED_CONNECTIONS),
-                                                     '--log-format', 'json']).start()
+                                                     '--max-requests-per-client', '8', '--log-format', 'json']).start()
     output = Output(server)
     caddy = Caddy(directory, server.port)
     try:
@@ -291,6 +291,30 @@ def test_one_client_holding_300_slow_bodies_through_caddy_does_not_stop_another(
     finally:
         for sock in held:
             sock.close()
+
+
+def test_one_client_behind_caddy_holds_at_most_its_share_of_the_servers_requests(proxied_unlimited):
+    """An open stream is a request in flight at the server. Through Caddy (every connection from 127.0.0.1), one
+    client (127.0.0.7) opens 8 streams, its --max-requests-per-client, and its 9th and 10th are refused 503;
+    another client's stream still opens."""
+    caddy, _ = proxied_unlimited
+    connections, statuses = [], []
+    try:
+        for source in ['127.0.0.7'] * 10 + ['127.0.0.8']:
+            connection = caddy.connection(source)
+            connection.request('GET', '/api/jobs/stream', headers={'Accept': 'text/event-stream'})
+            answer = connection.getresponse()
+            connections.append(connection)
+            statuses.append(answer.status)
+            if answer.status == 200:
+                assert answer.headers['Content-Type'].startswith('text/event-stream')
+            else:
+                body = json.loads(answer.read())
+                assert (body['code'], answer.headers['Retry-After']) == ('unavailable', '1'), body
+    finally:
+        for connection in connections:
+            connection.close()
+    assert statuses == [200] * 8 + [503] * 2 + [200]
 
 
 def test_the_shipped_caddyfile_flushes_the_stream_and_keeps_bodies_as_the_server_does():
