@@ -8102,7 +8102,8 @@ def openapi_document(base_url, prices=()):
             operation = priced_operation(operation, priced[(method, path)])
         operation['responses'] = {status: with_request_id(answer) for status, answer in operation['responses'].items()}
         paths.setdefault(openapi_path(path), {})[method.lower()] = operation
-    responses = {'Error': {'description': 'Any other error, e.g. 500, or 503 when the database is busy.',
+    responses = {'Error': {'description': 'Any other error, e.g. 500, or 503 when the database is busy (or, behind '
+                                          'a proxy, when this client has --max-requests-per-client in flight).',
                            'content': json_content('Error')}}
     for name, description, headers in ERROR_RESPONSES.values():
         responses[name] = {'description': description, 'content': json_content('Error')}
