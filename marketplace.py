@@ -264,11 +264,16 @@ SETTINGS = [
             'seconds SIGTERM waits for requests in flight before closing them'),
     Setting('header_timeout', 10.0, parse_positive(float),
             'seconds the request line and all headers of a request may take to arrive, in all'),
+    Setting('body_timeout', 30.0, parse_positive(float),
+            'seconds a request body may take to arrive in full, from the end of its headers; later is 408'),
     Setting('keepalive_timeout', 75.0, parse_positive(float),
             'seconds a kept-alive connection may wait idle for its next request'),
     Setting('max_connections_per_ip', 64, parse_positive(int),
             'open connections from one client address (IPv6: one /64); more are closed at once'),
     Setting('max_connections', 4096, parse_positive(int), 'open connections in all; more are closed at once'),
+    Setting('max_requests_per_client', 64, parse_positive(int),
+            'with --trust-proxy: requests in flight at once from one client (its X-Forwarded-For address; IPv6: one '
+            '/64); more are answered 503'),
     Setting('sweep_interval', 60.0, parse_positive(float),
             'seconds between the automatic expire and auto-verify sweeps (the first runs one interval after start)'),
     Setting('required_votes', 3, parse_odd, 'arbitrator votes that decide a dispute (odd)'),
@@ -479,6 +484,17 @@ class MethodNotAllowed(APIError):
         super().__init__(f'This path accepts only {allow}.', headers={'Allow': allow})
 
 
+class BodyTimedOut(APIError):
+    status = 408
+    code = 'request_timeout'
+    message = 'The request body did not all arrive within the time allowed; the connection is closed.'
+
+
+class BodyAborted(BadRequest):
+    message = ('The request body ended before its Content-Length, or its chunked framing is malformed; the '
+               'connection is closed.')
+
+
 class Conflict(APIError):
     status = 409
     code = 'conflict'
@@ -532,7 +548,7 @@ def payment_error(exc):
 
 
 STATUS_CODES = {400: 'bad_request', 401: 'unauthorized', 403: 'forbidden', 404: 'not_found',
-                405: 'method_not_allowed', 409: 'conflict', 413: 'body_too_large',
+                405: 'method_not_allowed', 408: 'request_timeout', 409: 'conflict', 413: 'body_too_large',
                 415: 'unsupported_media_type', 422: 'unprocessable_entity', 429: 'rate_limited', 500: 'internal_error',
                 503: 'unavailable'}
 
@@ -1714,19 +1730,16 @@ def parse_json_bytes(raw):
 
 
 # An answer given before the body was read (a refusal: no key, no right, a rate limit) closes the connection
-# when more than DRAIN_LIMIT bytes of body are still unread, rather than read and drop them (the server's
-# make_server skips gevent's draining then): a stranger's megabyte costs the service nothing.
-UNREAD_BODY = 'marketplace.unread_body'
-BODY_READ = 'marketplace.body_read'
+# rather than read and drop the body (the server's make_server never drains one): a stranger's megabyte costs the
+# service nothing. A body that does not arrive in full within --body-timeout, or arrives cut short or malformed,
+# is BodyTimedOut (408) or BodyAborted (400) when read.
 RAW_BODY = 'marketplace.raw_body'
-DRAIN_LIMIT = 64 * 1024
 
 
 def read_raw_body():
     """The request body as bytes, as sent: 413 over 1 MiB. Read once: the same bytes again after."""
     if RAW_BODY in request.environ:
         return request.environ[RAW_BODY]
-    request.environ[BODY_READ] = True
     length = request.content_length
     if length > MAX_BODY:
         raise BodyTooLarge()
@@ -8354,6 +8367,8 @@ ERROR_RESPONSES = {
     422: ('IdempotencyKeyReused', 'This Idempotency-Key was used for another method, path or body in the last 24 '
                                   'hours (`idempotency_key_reused`).', ()),
     413: ('BodyTooLarge', 'The request body is over 1 MiB.', ()),
+    408: ('RequestTimeout', 'The request body did not all arrive within --body-timeout seconds (30) of the end of '
+                            'the headers (`request_timeout`); the connection is closed.', ()),
     415: ('UnsupportedMediaType', 'The body is not declared Content-Type: application/json.', ()),
     503: ('Unavailable', 'The blockchain node (or the database) cannot answer now; retry later.', ('Retry-After',)),
     429: ('RateLimited', 'Too many requests from this IP in this hour (admin keys are exempt).',
@@ -8422,7 +8437,8 @@ def openapi_operation(path, entry):
     responses = {str(status): success}
     for other, (name, description) in entry.get('also', {}).items():
         responses[str(other)] = {'description': description, 'content': json_content(name)}
-    for code in sorted(set(entry['errors']) | {405}):
+    body_late = {408} if 'body' in entry else set()     # the HTTP layer's, for any body: --body-timeout
+    for code in sorted(set(entry['errors']) | {405} | body_late):
         responses[str(code)] = {'$ref': f'#/components/responses/{ERROR_RESPONSES[code][0]}'}
     for code in entry.get('html_errors', ()):      # a page's refusals are pages too
         responses[str(code)] = {'description': f'{ERROR_RESPONSES[code][1]} As an HTML page.',
@@ -8523,7 +8539,8 @@ def openapi_document(base_url, prices=()):
             operation = priced_operation(operation, priced[(method, path)])
         operation['responses'] = {status: with_request_id(answer) for status, answer in operation['responses'].items()}
         paths.setdefault(openapi_path(path), {})[method.lower()] = operation
-    responses = {'Error': {'description': 'Any other error, e.g. 500, or 503 when the database is busy.',
+    responses = {'Error': {'description': 'Any other error, e.g. 500, or 503 when the database is busy (or, behind '
+                                          'a proxy, when this client has --max-requests-per-client in flight).',
                            'content': json_content('Error')}}
     for name, description, headers in ERROR_RESPONSES.values():
         responses[name] = {'description': description, 'content': json_content('Error')}
@@ -8710,16 +8727,6 @@ def common_headers(headers, answer_id):
     return kept
 
 
-def close_unread_body():
-    """Close the connection after this answer when more than DRAIN_LIMIT bytes of its body were never read."""
-    if request.method in ('GET', 'HEAD') or request.environ.get(BODY_READ):
-        return
-    length = request.content_length
-    if length > DRAIN_LIMIT or (length < 0 and request.environ.get('HTTP_TRANSFER_ENCODING')):
-        request.environ[UNREAD_BODY] = True
-        response.set_header('Connection', 'close')
-
-
 READ_METHODS = ('GET', 'HEAD')
 
 
@@ -8795,7 +8802,6 @@ def make_app(settings):
                     hold()
                 result = handler(**params)
         except APIError as error:
-            close_unread_body()
             return send_error(error), False
         except VerificationError as error:
             return send_error(payment_error(error)), False
@@ -8803,7 +8809,6 @@ def make_app(settings):
             log.warning('database busy: %s %s', request.method, request.path)
             return send_error(Unavailable('The database is busy; retry in a moment.',
                                           headers={'Retry-After': '1'})), False
-        close_unread_body()
         if isinstance(result, dict):
             response.content_type = JSON_TYPE
             return json_bytes(result), True
@@ -8892,7 +8897,6 @@ def make_app(settings):
                         (request.method, request.route.rule) not in UNKEYED_ROUTES and not refused_for_no_key():
                     return keyed(handler, params, read_idempotency_key(key), before)
             except APIError as error:
-                close_unread_body()
                 return send_error(error)
             except apsw.BusyError:
                 log.warning('database busy: %s %s', request.method, request.path)
@@ -9217,6 +9221,13 @@ def make_server(app, settings):
     --max-connections-per-ip from one address group or --max-connections in all is closed as soon as it
     is accepted, before anything is read. A request whose body boundary is ambiguous gets 400 and closed.
 
+    With --trust-proxy every connection is the proxy's, so the cap per client counts requests in flight by the
+    client the proxy names (X-Forwarded-For): more than --max-requests-per-client at once are answered 503.
+
+    A request's body must arrive in full within --body-timeout seconds of the end of its headers (BodyInput):
+    read later it is 408, cut short or malformed 400, each with one log line and the connection closed. An
+    answer given while the body is not all read says `Connection: close` and the body is never drained.
+
     stop(timeout) stops accepting, closes kept-alive connections waiting for their next request,
     lets requests in flight finish (then closes their connections) and kills what still runs after
     `timeout` seconds. Handlers run in a pool so that stop() can wait for them.
@@ -9224,8 +9235,62 @@ def make_server(app, settings):
     import gevent
     import gevent.pywsgi
     from gevent.pool import Pool
-    from gevent.pywsgi import MAX_REQUEST_LINE, OldMessage, WSGIHandler, WSGIServer
+    from gevent.pywsgi import MAX_REQUEST_LINE, Input, OldMessage, WSGIHandler, WSGIServer
     hidden = setting_secrets(settings)      # never in an access line, even in a header a client wrote
+
+    class BodyInput(Input):
+        """gevent's reader of a request body, within the body's deadline and never drained. A read past the
+        deadline is BodyTimedOut (408), a body cut short or malformed (bad chunked framing) BodyAborted (400):
+        each logged in one line, and the reader stays failed."""
+        __slots__ = ('deadline', 'failed', 'environ')
+
+        def read(self, length=None):
+            return self.in_time(Input.read, length)
+
+        def readline(self, size=None):
+            return self.in_time(Input.readline, size)
+
+        def in_time(self, read, size):
+            if self.failed is not None:
+                raise self.failed
+            gevent.get_hub().loop.update_now()     # the timer counts from the loop's clock, maybe stale by now
+            timer = gevent.Timeout(max(self.deadline - time.monotonic(), 0.0))
+            try:
+                with timer:
+                    return read(self, size)
+            except gevent.Timeout as exc:
+                if exc is not timer:
+                    raise
+                self.failed, what = BodyTimedOut(), f'did not all arrive within {settings.body_timeout:g} s'
+            except (OSError, ValueError) as exc:       # gevent's IOError, _InvalidClientInput, a reset, int('')
+                self.failed, what = BodyAborted(), f'is cut short or malformed ({exc!r:.200})'
+            environ = self.environ      # the route's template, never the raw path (a %0A in it would end the line)
+            log.warning('%s %s from %s: the request body %s; answered %s and closed', environ.get('REQUEST_METHOD'),
+                        route_template(environ), client_address(environ, settings.trust_proxy), what,
+                        self.failed.status)
+            raise self.failed
+
+        @property
+        def complete(self):
+            """Has the whole body been read (or was there none)?"""
+            if self.failed is not None:
+                return False
+            if self.chunked_input:
+                return self.chunk_length == 0
+            return self.position >= (self.content_length or 0)
+
+        def _discard(self):
+            """Never read a body that nobody asked for: the connection is closed instead."""
+
+    def client_too_busy(environ, start_response):
+        """The answer to a request over --max-requests-per-client: 503, JSON, and the connection closed."""
+        error = Unavailable(f'This client has {settings.max_requests_per_client} requests in flight already; send '
+                            'this one when one of them has finished.')
+        body = json_bytes(error.body())
+        start_response('503 Service Unavailable', [
+            ('Content-Type', JSON_TYPE), ('Content-Length', str(len(body))), ('Retry-After', '1'),
+            ('Connection', 'close'), ('X-Content-Type-Options', 'nosniff'), ('X-Request-Id', request_id(environ))])
+        return [body]
 
     class Handler(WSGIHandler):
         requests_started = 0
@@ -9308,12 +9373,32 @@ def make_server(app, settings):
         def handle_one_response(self):
             if self.server.stopping:
                 self.close_connection = True
-            return super().handle_one_response()
+            if not settings.trust_proxy:
+                return super().handle_one_response()
+            # Behind a proxy every connection is the proxy's: the cap per client counts its requests in flight.
+            client = address_group(client_address(self.environ, True))
+            in_flight = self.server.requests_by_client
+            if in_flight.get(client, 0) >= settings.max_requests_per_client:
+                self.application = client_too_busy
+                return super().handle_one_response()
+            in_flight[client] = in_flight.get(client, 0) + 1
+            try:
+                return super().handle_one_response()
+            finally:
+                in_flight[client] -= 1
+                if not in_flight[client]:
+                    del in_flight[client]
 
-        def run_application(self):
-            super().run_application()
-            if self.close_connection and self.environ.get(UNREAD_BODY):
-                self.wsgi_input._discard = lambda: None     # closed undrained: a refused body is never read
+        def get_environ(self):
+            """gevent's environ, its body read by a BodyInput whose deadline starts now, at the end of the headers
+            (also for an Upgrade request: this server upgrades nothing, so no request reads the raw socket)."""
+            environ = super().get_environ()
+            plain = self.wsgi_input
+            body = BodyInput(plain.rfile, plain.content_length, socket=plain.socket, chunked_input=plain.chunked_input)
+            body.deadline, body.failed, body.environ = time.monotonic() + settings.body_timeout, None, environ
+            self.wsgi_input = environ['wsgi.input'] = body
+            environ['wsgi.input_terminated'] = True
+            return environ
 
         def handle_one_request(self):
             self.refused_with = None
@@ -9322,13 +9407,36 @@ def make_server(app, settings):
                 status = self.refusal or int(result[0])
                 self.refused_with = (status, sane_request_id(sent_request_id(self.header_lines)))
                 result = (str(status), protocol_error(*self.refused_with))
+            elif result is None and self.wsgi_input is not None and not self.wsgi_input.complete:
+                self.close_unread()
             return result
+
+        def close_unread(self):
+            """Before closing a connection whose request body was not all read: send FIN after the answer and drop
+            what has already arrived (no waiting for more), so that the client reads its answer rather than a reset
+            (RFC 9112 9.6)."""
+            raw = getattr(self.socket, '_sock', None)
+            try:
+                self.socket.shutdown(socket.SHUT_WR)
+                dropped = 0
+                while raw is not None and dropped < 4 * MAX_BODY:
+                    data = raw.recv(65536)      # non-blocking under gevent: BlockingIOError once nothing is left
+                    if not data:
+                        break
+                    dropped += len(data)
+            except OSError:
+                pass
 
         def _write_with_headers(self, data):
             """gevent's, but the head and a body of up to ONE_SEND_BYTES in one send: one syscall and one
             segment for most answers, where gevent makes two (a tenth of a small answer's cost, make bench)."""
             self.headers_sent = True
             self.finalize_headers()         # decides response_use_chunked (a stream's)
+            if self.wsgi_input is not None and not self.wsgi_input.complete:
+                # answered before its body was all read: the body is never drained, so the connection is closed
+                if not any(name.lower() == b'connection' for name, _ in self.response_headers):
+                    self.response_headers.append((b'Connection', b'close'))
+                self.close_connection = True
             head = bytearray(b'HTTP/1.1 ')
             head += self.status
             head += b'\r\n'
@@ -9382,6 +9490,7 @@ def make_server(app, settings):
             self.idle = set()
             self.open_connections = 0
             self.open_by_group = {}
+            self.requests_by_client = {}    # with --trust-proxy: requests in flight by forwarded client's group
             self.refused_connections = 0
             self.refusals_logged_at = 0.0
 

@@ -104,6 +104,28 @@ def proxied(tmp_path_factory):
         stop(server)
 
 
+@pytest.fixture(scope='module')
+def proxied_unlimited(tmp_path_factory):
+    """(Caddy, the server's output) as `proxied`, but rate limits off (a private deployment, or many addresses),
+    256 connections in all, the per-address cap raised to it as the unit does, and 8 requests in flight per client."""
+    if shutil.which('caddy') is None:
+        pytest.skip('caddy is not installed: sudo apt-get install caddy')
+    directory = tmp_path_factory.mktemp('unlimited')
+    server = LiveServer(directory / 'unlimited.db', ['--trust-proxy', '--max-connections', str(UNLIMITED_CONNECTIONS),
+                                                     '--max-connections-per-ip', str(UNLIMITED_CONNECTIONS),
+                                                     '--max-requests-per-client', '8', '--log-format', 'json']).start()
+    output = Output(server)
+    caddy = Caddy(directory, server.port)
+    try:
+        yield caddy.wait_ready(), output
+    finally:
+        caddy.stop()
+        stop(server)
+
+
+UNLIMITED_CONNECTIONS = 256     # fewer than the 300 slow requests of one client
+
+
 def access_lines(output, request_id, seconds=5):
     """The server's JSON access lines for one request id (waiting up to `seconds` for the first)."""
     deadline = time.monotonic() + seconds
@@ -231,6 +253,68 @@ def test_the_access_log_names_the_forwarded_client(proxied):
     [line] = access_lines(output, 'from-127.0.0.4')
     assert (line['method'], line['route'], line['status'], line['client']) == \
         ('GET', '/api/jobs/<job_id>', 404, '127.0.0.4')
+
+
+def test_one_client_holding_300_slow_bodies_through_caddy_does_not_stop_another(proxied_unlimited):
+    """127.0.0.5 opens 300 sign-ups through Caddy whose bodies stall after their first byte: more than the server's
+    256 connections. Caddy buffers each body before it calls the server, so the server sees none of them, and
+    another client (127.0.0.6) is answered, its own bodies included."""
+    caddy, output = proxied_unlimited
+    context = ssl.create_default_context(cafile=str(caddy.root_cert))
+    head = (b'POST /api/accounts HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n'
+            b'Content-Length: 1000\r\n\r\n{')
+    held = []
+    try:
+        for _ in range(300):
+            sock = socket.create_connection(('127.0.0.1', caddy.port), timeout=TIMEOUT, source_address=('127.0.0.5', 0))
+            sock = context.wrap_socket(sock, server_hostname='127.0.0.1')
+            sock.sendall(head)
+            held.append(sock)
+        time.sleep(1)       # only ordering: Caddy has had the time to pass the requests on (it must not)
+        for _ in range(5):
+            connection = caddy.connection('127.0.0.6')
+            connection.request('GET', '/api/health')
+            answer = connection.getresponse()
+            body = answer.read()
+            assert answer.status == 200, (answer.status, body)
+            assert json.loads(body)['status'] == 'ok'
+            connection.close()
+        connection = caddy.connection('127.0.0.6')
+        connection.request('POST', '/api/accounts', json.dumps({'name': 'beside the slow ones'}),
+                           headers={'Content-Type': 'application/json', 'X-Request-Id': 'beside-1'})
+        answer = connection.getresponse()
+        assert (answer.status, json.loads(answer.read())['account']['name']) == (201, 'beside the slow ones')
+        connection.close()
+        [line] = access_lines(output, 'beside-1')
+        reached = [json.loads(line) for line in list(output.lines) if '"/api/accounts"' in line]
+        assert reached == [line] and line['status'] == 201      # the other client's, not one of the 300
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_one_client_behind_caddy_holds_at_most_its_share_of_the_servers_requests(proxied_unlimited):
+    """An open stream is a request in flight at the server. Through Caddy (every connection from 127.0.0.1), one
+    client (127.0.0.7) opens 8 streams, its --max-requests-per-client, and its 9th and 10th are refused 503;
+    another client's stream still opens."""
+    caddy, _ = proxied_unlimited
+    connections, statuses = [], []
+    try:
+        for source in ['127.0.0.7'] * 10 + ['127.0.0.8']:
+            connection = caddy.connection(source)
+            connection.request('GET', '/api/jobs/stream', headers={'Accept': 'text/event-stream'})
+            answer = connection.getresponse()
+            connections.append(connection)
+            statuses.append(answer.status)
+            if answer.status == 200:
+                assert answer.headers['Content-Type'].startswith('text/event-stream')
+            else:
+                body = json.loads(answer.read())
+                assert (body['code'], answer.headers['Retry-After']) == ('unavailable', '1'), body
+    finally:
+        for connection in connections:
+            connection.close()
+    assert statuses == [200] * 8 + [503] * 2 + [200]
 
 
 def test_the_shipped_caddyfile_flushes_the_stream_and_keeps_bodies_as_the_server_does():

@@ -316,3 +316,160 @@ def test_the_open_files_limit_is_raised_toward_the_hard_limit(monkeypatch, caplo
         mp.raise_open_files_limit(mp.Settings(max_connections=4096))
     assert calls == [(2000, 2000)]
     assert 'the hard limit on open files (2000) is below --max-connections (4096)' in caplog.text
+
+
+# Bodies have a deadline (CONTRACT.md 20) -----------------------------------------------------------------------
+
+BODY_TIMEOUT = 1.5          # --body-timeout of the deadline server
+BODY_CONNECTIONS = 64       # its --max-connections: 64 address groups holding a slow body each take them all
+
+
+@pytest.fixture(scope='module')
+def deadline_server(tmp_path_factory):
+    """A server with a short --body-timeout and room for 64 connections in all."""
+    live = LiveServer(tmp_path_factory.mktemp('deadline') / 'live.db',
+                      ['--body-timeout', str(BODY_TIMEOUT), '--max-connections', str(BODY_CONNECTIONS)]).start()
+    live.output = Output(live)
+    yield live
+    live.process.kill()
+    live.process.wait(10)
+
+
+def post_head(path, length=None, headers=b''):
+    """The request line and headers of a JSON POST declaring a body of `length` bytes (None: none declared)."""
+    framing = b'' if length is None else b'Content-Length: %d\r\n' % length
+    return (b'POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n' % path.encode()
+            + framing + headers + b'\r\n')
+
+
+def parse_answer(data):
+    """(status line, header lines, JSON body) of one raw answer."""
+    head, _, body = data.partition(b'\r\n\r\n')
+    lines = head.split(b'\r\n')
+    return lines[0].decode(), lines[1:], json.loads(body)
+
+
+def test_a_body_not_in_by_the_body_timeout_is_408_and_the_connection_closed(deadline_server):
+    sock = connect(deadline_server, '127.0.0.8')
+    sock.sendall(post_head('/api/accounts', 100) + b'{"name": "slow')       # the rest never comes
+    sent = time.monotonic()
+    closed = wait_closed(sock, BODY_TIMEOUT + 10)
+    answer = read_all(sock)
+    sock.close()
+    assert closed is not None and closed - sent >= BODY_TIMEOUT - EARLY
+    status, headers, body = parse_answer(answer)
+    assert status == 'HTTP/1.1 408 Request Timeout'
+    assert b'Connection: close' in headers
+    assert body == {'error': mp.BodyTimedOut.message, 'code': 'request_timeout', 'status': 408}
+
+
+def test_an_answer_before_the_body_closes_the_connection_without_reading_it(deadline_server):
+    """A 401 to a keyless POST declaring 60 KB (under the 64 KiB the server used to drain): Connection: close,
+    and the connection is closed while the body is still unsent (nothing waits for it)."""
+    sock = connect(deadline_server, '127.0.0.9')
+    sock.sendall(post_head('/api/jobs', 60_000))
+    closed = wait_closed(sock, BODY_TIMEOUT + 10)
+    answer = read_all(sock)         # returns only once the server has closed the connection
+    sock.close()
+    assert closed is not None
+    status, headers, body = parse_answer(answer)
+    assert (status, body['code']) == ('HTTP/1.1 401 Unauthorized', 'unauthorized')
+    assert b'Connection: close' in headers
+
+
+def lines_until_answered(server, count, source, status, seconds=10):
+    """The server's output lines after the first `count`, once the access line of a request from `source` answered
+    `status` is among them (waiting up to `seconds`, only to avoid hanging)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        lines = list(server.output.lines)[count:]
+        if any(line.startswith(source + ' ') and f'" {status} ' in line for line in lines) \
+                or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize('source, head, sent', [
+    ('127.0.0.10', post_head('/api/accounts', 100), b'{"name": "cut"'),       # the client stops mid-body
+    ('127.0.0.11', post_head('/api/accounts', headers=b'Transfer-Encoding: chunked\r\n'),
+     b'zz\r\n{"name": "bad chunk"}\r\n0\r\n\r\n'),                             # a chunk size that is not hex
+    ('127.0.0.12', post_head('/api/accounts', headers=b'Transfer-Encoding: chunked\r\n'),
+     b'5\r\n{"name": "short chunk"}\r\n0\r\n\r\n'),                            # a chunk longer than its size
+], ids=['short', 'not-hex', 'long-chunk'])
+def test_an_aborted_or_malformed_body_is_400_and_one_log_line(deadline_server, source, head, sent):
+    before = len(deadline_server.output.lines)
+    sock = connect(deadline_server, source)
+    sock.sendall(head + sent)
+    sock.shutdown(socket.SHUT_WR)
+    answer = read_all(sock)
+    sock.close()
+    status, headers, body = parse_answer(answer)
+    assert (status, body['code'], body['status']) == ('HTTP/1.1 400 Bad Request', 'bad_request', 400)
+    assert body['error'] == mp.BodyAborted.message
+    assert b'Connection: close' in headers
+    lines = lines_until_answered(deadline_server, before, source, 400)
+    said = [line for line in lines if source in line]
+    assert not any('Traceback' in line for line in lines), lines
+    assert len(said) == 2, said     # its access line, and one line that says what was wrong with the body
+    [warning] = [line for line in said if 'request body' in line]
+    assert 'POST /api/accounts' in warning
+
+
+def test_64_address_groups_trickling_bodies_are_cut_at_the_deadline_and_others_served(deadline_server):
+    """Each of 64 addresses (the server's --max-connections) sends a POST's head and then a byte of its body every
+    0.2 s: each read is quick, the body never ends. The body deadline answers each 408 and closes it; then another
+    client is served."""
+    selector = selectors.DefaultSelector()
+    attackers = []
+    try:
+        for n in range(BODY_CONNECTIONS):
+            source = f'127.0.1.{n + 1}'
+            for _ in range(50):     # the connections of earlier tests may still count for a moment
+                sock = connect(deadline_server, source)
+                sock.sendall(post_head('/api/accounts', 10_000) + b'{')
+                if wait_closed(sock, 0.02) is None:
+                    break
+                sock.close()
+                time.sleep(0.05)
+            attacker = SimpleNamespace(sock=sock, opened=time.monotonic(), closed=None, answer=b'')
+            selector.register(sock, selectors.EVENT_READ, attacker)
+            attackers.append(attacker)
+        open_count, deadline, next_byte = len(attackers), time.monotonic() + BODY_TIMEOUT + 15, 0
+        while open_count and time.monotonic() < deadline:
+            if time.monotonic() >= next_byte:
+                for attacker in attackers:
+                    if attacker.closed is None:
+                        try:
+                            attacker.sock.sendall(b' ')
+                        except OSError:
+                            pass
+                next_byte = time.monotonic() + 0.2
+            for key, _ in selector.select(0.05):
+                attacker = key.data
+                attacker.closed = attacker.closed or time.monotonic()
+                try:
+                    data = attacker.sock.recv(65536)
+                except ConnectionResetError:
+                    data = b''
+                attacker.answer += data
+                if not data:
+                    selector.unregister(attacker.sock)
+                    open_count -= 1
+    finally:
+        selector.close()
+        for attacker in attackers:
+            attacker.sock.close()
+    assert open_count == 0
+    answers = [parse_answer(attacker.answer) for attacker in attackers]
+    assert {(status, body['code']) for status, _, body in answers} == {('HTTP/1.1 408 Request Timeout',
+                                                                       'request_timeout')}
+    assert all(b'Connection: close' in headers for _, headers, _ in answers)
+    assert min(attacker.closed - attacker.opened for attacker in attackers) >= BODY_TIMEOUT - EARLY
+    deadline = time.monotonic() + 5
+    while True:      # the server counts a connection until it has seen it closed
+        try:
+            health_seconds(deadline_server)
+            break
+        except (ConnectionError, http.client.RemoteDisconnected):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
