@@ -320,6 +320,8 @@ SETTINGS = [
     Setting('stripe_secret_key', '', str,
             'a Stripe secret key: turns the stripe rail (USD) from simulated to real; best given as the env var'),
     Setting('stripe_webhook_secret', '', str, 'the signing secret (whsec_...) of the Stripe webhook endpoint'),
+    Setting('stripe_connect_webhook_secret', '', str,
+            "the signing secret (whsec_...) of the Stripe endpoint for connected accounts' events (account.updated)"),
     Setting('stripe_api_base', 'https://api.stripe.com', str, 'where the Stripe API is (tests point it at a fake)'),
     Setting('stripe_checkout_minutes', 60, parse_range(30, 1440),
             'minutes a Checkout Session stays open for the requester to pay (30 to 1440)'),
@@ -645,7 +647,7 @@ def migrate_to_9(db):
                               "('pending', 'locked', 'released', 'refunded', 'held', 'charged_back')"))
     add_missing_column(db, 'jobs', 'escrow_unheld', 'TEXT')
     add_missing_column(db, 'agents', 'stripe_checked_at', 'TEXT')
-    add_missing_column(db, 'stripe_events', 'reference', 'TEXT')        # made by schema.sql from version 5
+    add_missing_column(db, 'stripe_events', 'reference', 'TEXT')   # older than 5: schema.sql makes it whole
     db.conn.execute('DROP TABLE IF EXISTS sessions')
 
 
@@ -1102,6 +1104,11 @@ def now():
     return CLOCK.now()
 
 
+def when(moment):
+    """An ISO time as people read it: '2026-11-21 16:40 UTC'."""
+    return f'{moment[:10]} {moment[11:16]} UTC' if moment else ''
+
+
 def iso(moment):
     """ISO 8601 UTC with milliseconds and a Z."""
     moment = moment.astimezone(timezone.utc)
@@ -1272,7 +1279,8 @@ def release_to_worker(db, settings, job, claim, agent, amount):
     """
     before = db.row('''SELECT coalesce(sum(amount), 0) AS released,
                              coalesce(sum(CASE type WHEN 'fee' THEN amount END), 0) AS fees
-                      FROM payments WHERE job_id = :id AND type IN ('release', 'fee')''', {'id': job['id']})
+                      FROM payments WHERE job_id = :id AND type IN ('release', 'fee')
+                      AND status != 'cancelled' ''', {'id': job['id']})
     fee = fee_of(before['released'] + amount, job['currency'], settings.fee_percent) - before['fees']
     fee = min(amount, max(0, fee))
     if stripe_job(job):     # paid to the agent's connected account (its id until it has one)
@@ -1302,16 +1310,17 @@ def ledger_problems(db):
     """Every way the books fail to balance; an empty list means they balance.
 
     For each job: locked = released + fee + refunded + still locked, the escrow never below zero,
-    nothing left in escrow once the job is final, and escrowStatus agreeing with the balance.
-    Every payment is exactly one debit and one matching credit; no worker or fee account is negative.
+    nothing left in escrow once the job is final, and escrowStatus agreeing with the balance (a held escrow may
+    hold anything: its pending payments wait). Every payment is exactly one debit and one matching credit (a
+    cancelled one, never sent, also their reversal: it counts for nothing); no worker or fee account is negative.
     """
     problems = []
     for row in db.rows('''
         SELECT p.id, p.amount, count(e.id) AS entries, coalesce(sum(e.amount), 0) AS net,
-               coalesce(max(e.amount), 0) AS credit
+               coalesce(max(e.amount), 0) AS credit, p.status = 'cancelled' AS cancelled
         FROM payments p LEFT JOIN ledger_entries e ON e.payment_id = p.id
         GROUP BY p.id
-        HAVING entries != 2 OR net != 0 OR credit != p.amount'''):
+        HAVING entries != CASE WHEN cancelled THEN 4 ELSE 2 END OR net != 0 OR credit != p.amount'''):
         problems.append(f'payment {row["id"]}: {row["entries"]} entries, net {row["net"]}')
     for job in db.rows('''
         SELECT j.id, j.status, j.escrow_status,
@@ -1321,7 +1330,7 @@ def ledger_problems(db):
             coalesce(sum(CASE p.type WHEN 'refund' THEN p.amount END), 0) AS refunded,
             (SELECT coalesce(sum(e.amount), 0) FROM ledger_entries e
              WHERE e.account = 'escrow:' || j.id) AS held
-        FROM jobs j LEFT JOIN payments p ON p.job_id = j.id
+        FROM jobs j LEFT JOIN payments p ON p.job_id = j.id AND p.status != 'cancelled'
         GROUP BY j.id'''):
         name = f'job {job["id"]} ({job["status"]}, escrow {job["escrow_status"]})'
         if job['locked'] != job['released'] + job['fee'] + job['refunded'] + job['held']:
@@ -1331,7 +1340,7 @@ def ledger_problems(db):
             problems.append(f'{name}: escrow holds {job["held"]}')
         if job['status'] in FINAL_JOB_STATUSES and job['held'] != 0:
             problems.append(f'{name}: final but escrow still holds {job["held"]}')
-        if (job['escrow_status'] == 'locked') != (job['held'] > 0):
+        if job['escrow_status'] != 'held' and (job['escrow_status'] == 'locked') != (job['held'] > 0):
             problems.append(f'{name}: escrowStatus does not match a balance of {job["held"]}')
     for row in db.rows('''
         SELECT account, currency, sum(amount) AS balance FROM ledger_entries
@@ -2873,7 +2882,12 @@ def live_job_status(db, job):
 
 
 def set_job_status(db, job_id, status, escrow_status=None):
-    db.execute('''UPDATE jobs SET status = :status, escrow_status = coalesce(:escrow, escrow_status),
+    """Change a job's status (and its escrow's); while its escrow is held (hold_escrow), the escrow's new status is
+    the one it takes when the hold lifts."""
+    db.execute('''UPDATE jobs SET status = :status,
+                  escrow_status = CASE WHEN escrow_status = 'held' THEN 'held'
+                                       ELSE coalesce(:escrow, escrow_status) END,
+                  escrow_unheld = CASE WHEN escrow_status = 'held' THEN coalesce(:escrow, escrow_unheld) END,
                   updated_at = :now WHERE id = :id''',
                {'status': status, 'escrow': escrow_status, 'now': now_iso(), 'id': job_id})
 
@@ -3118,6 +3132,8 @@ JOB_FIELDS = (
     ('minReputation', money_sql('j.min_reputation'), lambda job, base: format_cents(job['min_reputation'])),
     ('escrowStatus', 'j.escrow_status', lambda job, base: job['escrow_status']),
     ('escrowTxHash', 'j.escrow_tx_hash', lambda job, base: job['escrow_tx_hash']),
+    ('needsAdmin', "json(CASE WHEN j.escrow_status = 'held' THEN 'true' ELSE 'false' END)",
+     lambda job, base: job['escrow_status'] == 'held'),
     ('claimCount', 'j.claim_count', lambda job, base: job['claim_count']),
     ('createdAt', 'j.created_at', lambda job, base: job['created_at']),
     ('updatedAt', 'j.updated_at', lambda job, base: job['updated_at']),
@@ -3224,6 +3240,84 @@ def claim_json(claim, readable):
 
 def payment_json(payment):
     return {name: render(payment) for name, _, render in PAYMENT_FIELDS}
+
+
+def agent_names(db, agent_ids):
+    """{agent id: name} of these agents."""
+    ids = sorted(set(agent_ids))
+    marks = ', '.join(f':a{i}' for i in range(len(ids)))
+    rows = db.rows(f'SELECT id, name FROM agents WHERE id IN ({marks})', {f'a{i}': a for i, a in enumerate(ids)})
+    return {row['id']: row['name'] for row in rows}
+
+
+# A job's timeline (CONTRACT.md 20, the job's story is in the API): what happened to it, as its page shows it and
+# GET /api/jobs/:id gives it. Each step has a kind; the steps of one moment (one transaction) keep the order of
+# these kinds, the order in which they happen.
+TIMELINE_KINDS = ('posted', 'stripe', 'escrow', 'claimed', 'delivered', 'disputed', 'dispute_decided', 'approved',
+                  'rejected', 'claim_expired', 'release', 'fee', 'refund', 'cancelled', 'expired')
+PAYMENT_EVENTS = {'escrow': 'Escrow locked', 'release': 'Paid to the worker', 'refund': 'Refunded to the requester',
+                  'fee': 'Operator fee'}
+
+
+def job_timeline(job, claims, disputes, payments, names, notes=()):
+    """What happened to a job, oldest first (steps of one moment in the order they happen): [{at, kind, what,
+    detail, reference, txHash, dispute, link}] (the page's; timeline_json is the API's). `job`, `claims` and
+    `payments` as the API shows them; `disputes` rows; `notes` what Stripe said of it (stripe_events rows with a summary)."""
+    def step(at, kind, what, detail='', reference=None, tx_hash=None, dispute=None):
+        return {'at': at, 'kind': kind, 'what': what, 'detail': detail, 'reference': reference, 'txHash': tx_hash,
+                'dispute': dispute, 'link': dispute and f'/disputes/{dispute}'}
+    events = [step(job['createdAt'], 'posted', 'Posted',
+                   f'{job["paymentAmount"]} {job["paymentCurrency"]}, due {when(job["deadline"])}')]
+    events += [step(note['created_at'], 'stripe', 'Stripe', note['summary'], note['reference']) for note in notes]
+    for claim in claims:
+        agent = names.get(claim['agentId'], 'an agent')
+        events.append(step(claim['createdAt'], 'claimed', 'Claimed', f'by {agent}'))
+        if claim['deliveredAt']:
+            events.append(step(claim['deliveredAt'], 'delivered', 'Delivered', f'by {agent}'))
+        if claim['verifiedAt'] and claim['status'] in ('approved', 'rejected'):
+            what = 'Approved automatically' if claim['autoApproved'] else claim['status'].capitalize()
+            events.append(step(claim['verifiedAt'], claim['status'], what,
+                               f'{agent}\'s delivery' + (f': {claim["verificationReason"]}'
+                                                        if claim['verificationReason'] else '')))
+        elif claim['status'] == 'expired':
+            events.append(step(claim['updatedAt'], 'claim_expired', 'Claim expired', f'{agent} did not deliver'))
+    for dispute in disputes:
+        events.append(step(dispute['created_at'], 'disputed', 'Disputed', dispute['reason'], dispute=dispute['id']))
+        if dispute['resolved_at']:
+            events.append(step(dispute['resolved_at'], 'dispute_decided',
+                               f'Dispute decided for the {dispute["outcome"]}' if dispute['outcome'] else
+                               'Dispute closed undecided', dispute['resolution'] or '', dispute=dispute['id']))
+    for payment in payments:
+        events.append(step(payment['createdAt'], payment['type'], PAYMENT_EVENTS[payment['type']],
+                           f'{payment["amount"]} {payment["currency"]} ({payment["status"]})',
+                           payment['reference'], payment['txHash']))
+    if job['status'] in ('cancelled', 'expired'):
+        events.append(step(job['updatedAt'], job['status'], job['status'].capitalize()))
+    return sorted(events, key=lambda event: (event['at'], TIMELINE_KINDS.index(event['kind'])))
+
+
+def job_story(db, detail):
+    """job_timeline of a job as job_detail shows it (its job, claims and payments), with its disputes, its workers'
+    names and what Stripe said of it: up to three small queries by the job's id, paid only by a job's detail (none
+    for a job without claims on rail base)."""
+    job_id, claims = detail['job']['id'], detail['claims']
+    disputes = names = notes = ()
+    if claims:      # a dispute is over a claim, a name is a worker's
+        disputes = db.rows('''SELECT id, reason, outcome, resolution, created_at, resolved_at FROM disputes
+                              WHERE job_id = :id ORDER BY created_at''', {'id': job_id})
+        names = agent_names(db, [claim['agentId'] for claim in claims])
+    if detail['job']['paymentRail'] == 'stripe':        # Stripe's events are about jobs paid by card
+        notes = db.rows('''SELECT created_at, summary, reference FROM stripe_events
+                           WHERE job_id = :id AND summary IS NOT NULL ORDER BY created_at''', {'id': job_id})
+    return job_timeline(detail['job'], claims, disputes, detail['payments'], dict(names), notes)
+
+
+def timeline_json(step):
+    """A step of job_timeline as the API shows it: {at, kind, text, reference} (a transaction hash, a Stripe
+    object id or a dispute id)."""
+    return {'at': step['at'], 'kind': step['kind'],
+            'text': step['what'] + (f' — {step["detail"]}' if step['detail'] else ''),
+            'reference': step['txHash'] or step['reference'] or step['dispute']}
 
 
 def read_deliverable(body):
@@ -3542,7 +3636,8 @@ def open_stripe_rail(settings):
     if not stripe_mode(settings):
         return None
     from stripe_rail import StripeRail
-    return StripeRail(settings.stripe_secret_key, settings.stripe_webhook_secret, api_base=settings.stripe_api_base)
+    return StripeRail(settings.stripe_secret_key, settings.stripe_webhook_secret,
+                      connect_webhook_secret=settings.stripe_connect_webhook_secret, api_base=settings.stripe_api_base)
 
 
 def provider_unavailable(exc):
@@ -3617,10 +3712,11 @@ def stripe_event_seen(db, event_id):
     return db.value('SELECT 1 FROM stripe_events WHERE id = :id', {'id': event_id}) is not None
 
 
-def record_stripe_event(db, event, job_id=None, summary=None):
-    """Mark a Stripe event applied, in the transaction of its effect; `summary` goes on the job's timeline."""
+def record_stripe_event(db, event, job_id=None, summary=None, reference=None, at=None):
+    """Mark a Stripe event applied, in the transaction of its effect; `summary` goes on the job's timeline at `at`
+    (default now), with the Stripe object it is about (`reference`)."""
     db.insert('stripe_events', {'id': event['id'], 'type': event['type'], 'job_id': job_id, 'summary': summary,
-                                'created_at': now_iso()})
+                                'created_at': at or now_iso(), 'reference': reference})
 
 
 def open_paid_job(db, settings, job, session):
@@ -3659,7 +3755,9 @@ def settle_checkout(db, settings, session, outcome, event=None):
             result = 'cancelled'
             summary = 'The payment failed' if session.get('status') == 'complete' else 'The Checkout Session expired unpaid'
         if event:
-            record_stripe_event(db, event, job and job['id'], summary)
+            intent = session.get('payment_intent')
+            record_stripe_event(db, event, job and job['id'], summary,
+                                intent if isinstance(intent, str) else session.get('id'))
     return result, job and job['id']
 
 
@@ -3681,25 +3779,136 @@ def on_checkout_unpaid(db, settings, event):
 
 
 def on_charge_event(db, settings, event):
-    """charge.refunded and charge.dispute.created: recorded on the job (its timeline), which does not change."""
+    """charge.refunded, charge.dispute.created and charge.dispute.closed: recorded on the job (its timeline), and
+    what they mean for its escrow (card money that goes back stops payouts, CONTRACT.md 20): a dispute holds it
+    (hold_escrow), a dispute won lifts the hold, a dispute lost ends the job charged_back; a refund made outside
+    the service (the Stripe Dashboard) of the whole charge ends it refunded, of a part holds it."""
     thing = event['object']
-    charge = thing.get('charge') if event['type'].startswith('charge.dispute') else thing.get('id')
+    dispute = event['type'].startswith('charge.dispute')
+    charge = thing.get('charge') if dispute else thing.get('id')
     group = thing.get('transfer_group') or ''
     with db.transaction():
         if stripe_event_seen(db, event['id']):
             return 'duplicate', None
-        job_id = db.value('''SELECT id FROM jobs WHERE id = :group OR stripe_charge = :charge
-                             OR payment_intent = :intent LIMIT 1''',
-                          {'group': group.removeprefix('job_'), 'charge': charge, 'intent': thing.get('payment_intent')})
-        if event['type'] == 'charge.refunded':
-            summary = f'Stripe refunded {format_cents(thing.get("amount_refunded") or 0)} USD of charge {charge}'
-        else:
-            summary = (f'The payer disputed charge {charge} ({format_cents(thing.get("amount") or 0)} USD, '
-                       f'{thing.get("reason") or "no reason given"}): answer it in the Stripe Dashboard')
-        if job_id is None:
+        received = now_iso()        # before what it does (the job's timeline shows that order)
+        job = db.row(f'''{JOB_SELECT} WHERE j.id = :group OR j.stripe_charge = :charge
+                         OR j.payment_intent = :intent LIMIT 1''',
+                     {'group': group.removeprefix('job_'), 'charge': charge, 'intent': thing.get('payment_intent')})
+        outcome, summary, reference = CHARGE_EVENTS[event['type']](db, job, thing, charge)
+        if job is None:
             log.warning('stripe: %s for no job here: %s', event['type'], summary)
-        record_stripe_event(db, event, job_id, summary)
-    return 'recorded', job_id
+        elif outcome != 'recorded':
+            log.warning('stripe: %s on job %s: %s', event['type'], job['id'], outcome)
+        record_stripe_event(db, event, job and job['id'], summary, reference, received)
+    return outcome, job and job['id']
+
+
+def card_job(job):
+    """Is this a job whose escrow Stripe's charge events govern: paid through Stripe, its escrow not ended by one?"""
+    return job is not None and stripe_job(job) and job['escrow_status'] != 'charged_back'
+
+
+def on_dispute_created(db, job, dispute, charge):
+    summary = (f'The payer disputed charge {charge} ({format_cents(dispute.get("amount") or 0)} USD, '
+               f'{dispute.get("reason") or "no reason given"}): the escrow is held until Stripe closes the dispute; '
+               'answer it in the Stripe Dashboard')
+    if not card_job(job):
+        return 'recorded', summary, dispute.get('id')
+    hold_escrow(db, job)
+    return 'held', summary, dispute.get('id')
+
+
+def on_dispute_closed(db, job, dispute, charge):
+    status = dispute.get('status')
+    if status == 'lost':
+        summary = (f'Stripe closed the dispute over charge {charge}: lost; the card money went back to the payer, '
+                   'and the job is cancelled')
+        if not card_job(job):
+            return 'recorded', summary, dispute.get('id')
+        return_card_money(db, job, 'charged_back', dispute.get('id'))
+        return 'charged_back', summary, dispute.get('id')
+    summary = f'Stripe closed the dispute over charge {charge}: {status or "no status"}; the hold is lifted'
+    if not card_job(job) or status not in ('won', 'warning_closed'):
+        return 'recorded', summary.split(';')[0], dispute.get('id')
+    lift_hold(db, job)
+    return 'unheld', summary, dispute.get('id')
+
+
+def on_charge_refunded(db, job, charge, charge_id):
+    """A refund the service did not make changes the job: more refunded than the Refunds it made (each confirmed with
+    its re_ id; they come back as this event too). One of its Refunds made but not yet confirmed when the event
+    comes counts as outside: the job then ends cancelled rather than as decided, and the money is still right."""
+    refunded = int(charge.get('amount_refunded') or 0)
+    summary = f'Stripe refunded {format_cents(refunded)} USD of charge {charge_id}'
+    if not card_job(job):
+        return 'recorded', summary, charge_id
+    ours = db.value('''SELECT coalesce(sum(amount), 0) FROM payments WHERE job_id = :id AND type = 'refund'
+                       AND status = 'confirmed' AND reference LIKE 're!_%' ESCAPE '!' ''',
+                    {'id': job['id']}) // 10 ** (DECIMALS[job['currency']] - 2)
+    if refunded <= ours:
+        return 'recorded', summary, charge_id
+    if refunded >= int(charge.get('amount') or job['amount_cents']):
+        return_card_money(db, job, 'refunded', charge_id)
+        return 'refunded', summary + ' from outside the service: the job is cancelled', charge_id
+    hold_escrow(db, job)
+    return 'held', summary + ' from outside the service: the escrow is held for an admin', charge_id
+
+
+# What each charge event means for its job: (db, the job row or None, the event's object, the charge's id) ->
+# (what happened, the timeline's summary, the Stripe object's id).
+CHARGE_EVENTS = {
+    'charge.dispute.created': on_dispute_created,
+    'charge.dispute.closed': on_dispute_closed,
+    'charge.refunded': on_charge_refunded,
+}
+
+
+def hold_escrow(db, job):
+    """Hold a job's escrow: nothing leaves it while held (send_stripe_payments skips it; a release or refund decided
+    meanwhile is recorded pending and waits), and the job shows needsAdmin. The status it had is kept for when the
+    hold lifts (set_job_status keeps it up to date meanwhile)."""
+    db.execute('''UPDATE jobs SET escrow_unheld = CASE WHEN escrow_status = 'held' THEN escrow_unheld
+                                                       ELSE escrow_status END,
+                  escrow_status = 'held', updated_at = :now WHERE id = :id''', {'now': now_iso(), 'id': job['id']})
+
+
+def lift_hold(db, job):
+    """Lift a job's hold: its escrow takes the status it would have had, and its pending payments go out (now,
+    after the commit, and with every sweep)."""
+    db.execute('''UPDATE jobs SET escrow_status = coalesce(escrow_unheld, 'locked'), escrow_unheld = NULL,
+                  updated_at = :now WHERE id = :id AND escrow_status = 'held' ''', {'now': now_iso(), 'id': job['id']})
+
+
+def return_card_money(db, job, escrow_status, reference):
+    """The job's card money went back to the payer outside the service (a dispute lost: `charged_back`; a refund of
+    the whole charge from the Stripe Dashboard: `refunded`). In the ledger: every release or refund not sent yet is
+    cancelled (status `cancelled`, its two entries reversed by two more: it never happened), and so is the fee taken
+    with a release cancelled; what the escrow then holds goes back to the requester as a `refund` record, confirmed,
+    whose reference is the dispute's or the charge's id (no Refund is sent: Stripe has made it). Transfers already
+    made stay made. The job ends cancelled: its active claims superseded, its open disputes closed undecided."""
+    unsent = db.rows('''SELECT id, type, claim_id FROM payments WHERE job_id = :id AND status = 'pending'
+                        AND type IN ('release', 'refund')''', {'id': job['id']})
+    claims = {p['claim_id'] for p in unsent if p['type'] == 'release'}
+    fees = db.rows('''SELECT id, claim_id FROM payments WHERE job_id = :id AND type = 'fee'
+                      AND status != 'cancelled' ''', {'id': job['id']})
+    for payment in unsent + [fee for fee in fees if fee['claim_id'] in claims]:
+        db.execute("UPDATE payments SET status = 'cancelled' WHERE id = :id", {'id': payment['id']})
+        db.execute('''INSERT INTO ledger_entries (payment_id, job_id, account, amount, currency, created_at)
+                      SELECT payment_id, job_id, account, -amount, currency, :now FROM ledger_entries
+                      WHERE payment_id = :id ORDER BY id''', {'id': payment['id'], 'now': now_iso()})
+    balance = escrow_balance(db, job['id'])
+    if balance > 0:
+        record_payment(db, job, 'refund', balance, debit=escrow_account(job['id']),
+                       credit=f'funding:{job["requester_id"]}', recipient=job['refund_address'] or job['requester_id'],
+                       status='confirmed', reference=reference)
+    moment = now_iso()      # nothing is left to deliver, decide or pay: claims end, open disputes close undecided
+    db.execute(f'''UPDATE claims SET status = 'superseded', updated_at = :now WHERE job_id = :id
+                   AND status IN {ACTIVE_CLAIMS}''', {'id': job['id'], 'now': moment})
+    db.execute('''UPDATE disputes SET status = 'resolved', resolution = :why, resolved_by = 'Stripe',
+                  resolved_at = :now WHERE job_id = :id AND status = 'open' ''',
+               {'id': job['id'], 'now': moment, 'why': 'The card payment went back to the payer: nothing to decide.'})
+    db.execute('''UPDATE jobs SET status = 'cancelled', escrow_status = :escrow, escrow_unheld = NULL,
+                  updated_at = :now WHERE id = :id''', {'escrow': escrow_status, 'now': moment, 'id': job['id']})
 
 
 def account_ready(account):
@@ -3735,6 +3944,7 @@ STRIPE_EVENTS = {
     'checkout.session.async_payment_failed': on_checkout_unpaid,
     'charge.refunded': on_charge_event,
     'charge.dispute.created': on_charge_event,
+    'charge.dispute.closed': on_charge_event,
     'account.updated': on_account_updated,
 }
 
@@ -3783,7 +3993,7 @@ STRIPE_PAYMENTS_DUE = '''
     FROM payments p JOIN jobs j ON j.id = p.job_id
     LEFT JOIN claims c ON c.id = p.claim_id LEFT JOIN agents a ON a.id = c.agent_id
     WHERE p.status = 'pending' AND p.type IN ('release', 'refund') AND j.payment_intent IS NOT NULL
-    AND p.seq > :after
+    AND j.escrow_status != 'held' AND p.seq > :after
     ORDER BY p.seq'''
 
 
@@ -3826,6 +4036,12 @@ def stripe_payment(settings, payment):
                                          source_transaction=payment['stripe_charge'], idempotency_key=payment['id'])
 
 
+def payment_still_due(db, payment):
+    """Is a pending payment read a moment ago still to be sent: still pending, and its job's escrow not held?"""
+    return bool(db.value('''SELECT p.status = 'pending' AND j.escrow_status != 'held' FROM payments p
+                            JOIN jobs j ON j.id = p.job_id WHERE p.id = :id''', {'id': payment['id']}))
+
+
 def send_stripe_payments(db, settings, after_seq=0):
     """Send the pending transfers and refunds of jobs paid through Stripe (those recorded after `after_seq`), and
     mark each one Stripe made confirmed with its id as reference, in its own transaction. A refused call leaves
@@ -3834,6 +4050,9 @@ def send_stripe_payments(db, settings, after_seq=0):
     result = {'sent': 0, 'waiting': 0, 'failed': 0}
     for payment in db.rows(STRIPE_PAYMENTS_DUE, {'after': after_seq or 0}):
         time.sleep(0)     # under gevent, let requests in between
+        if not payment_still_due(db, payment):     # its escrow held meanwhile (a chargeback), or it was cancelled
+            result['waiting'] += 1
+            continue
         try:
             reference = stripe_payment(settings, payment)
         except StripeUnavailable as exc:
@@ -3849,11 +4068,60 @@ def send_stripe_payments(db, settings, after_seq=0):
             result['waiting'] += 1
             continue
         with db.transaction():
-            db.execute('''UPDATE payments SET status = 'confirmed', reference = :reference,
+            confirmed = db.execute('''UPDATE payments SET status = 'confirmed', reference = :reference,
                           recipient = coalesce(:account, recipient) WHERE id = :id AND status = 'pending' ''',
                        {'reference': reference, 'id': payment['id'],
                         'account': payment['stripe_account_id'] if payment['type'] == 'release' else None})
+        status = confirmed or db.value('SELECT status FROM payments WHERE id = :id', {'id': payment['id']})
+        if status == 'cancelled':       # while the call ran: the card money went back meanwhile (return_card_money)
+            log.error('stripe: the %s %s was made (%s) after its job\'s card money went back; reverse it in the '
+                      'Stripe Dashboard', payment['type'], payment['id'], reference)
         result['sent'] += 1
+    return result
+
+
+STRIPE_ACCOUNT_CHECK = timedelta(minutes=10)     # a sweep asks Stripe for one connected account at most this often
+
+# The connected accounts a sweep asks Stripe about: those paid a release that waits for their payouts, not asked
+# within STRIPE_ACCOUNT_CHECK (pending payments are few: the partial index payments_pending finds them).
+STRIPE_ACCOUNTS_DUE = '''
+    SELECT DISTINCT a.id, a.stripe_account_id
+    FROM payments p JOIN jobs j ON j.id = p.job_id JOIN claims c ON c.id = p.claim_id JOIN agents a ON a.id = c.agent_id
+    WHERE p.status = 'pending' AND p.type = 'release' AND j.payment_intent IS NOT NULL
+    AND a.stripe_account_id IS NOT NULL AND NOT a.stripe_payouts_enabled
+    AND (a.stripe_checked_at IS NULL OR a.stripe_checked_at <= :before)
+    ORDER BY a.id'''
+
+
+def check_connected_accounts(db, settings):
+    """Lost or never-configured Connect webhooks (CONTRACT.md 20): ask Stripe (accounts.retrieve) for each connected
+    account with a release waiting for its payouts, at most once per ten minutes per account, and enable its payouts
+    when Stripe says it takes them, as account.updated would. Network first, then one transaction per account (the
+    time asked is stored even when Stripe fails, so a failing Stripe is not asked more often); Stripe not answering
+    ends the round. Returns {checked, enabled, failed}."""
+    from stripe_rail import StripeRefused, StripeUnavailable
+    result = {'checked': 0, 'enabled': 0, 'failed': 0}
+    for agent in db.rows(STRIPE_ACCOUNTS_DUE, {'before': iso(now() - STRIPE_ACCOUNT_CHECK)}):
+        time.sleep(0)     # under gevent, let requests in between
+        ready, error = False, None
+        try:
+            account = settings.stripe.account(agent['stripe_account_id'])
+            ready = account['payouts_enabled'] and account['transfers_active']
+        except (StripeUnavailable, StripeRefused) as exc:
+            log.warning('sweep: the connected account %s could not be read (%s)', agent['stripe_account_id'],
+                        type(exc).__name__)
+            error = exc
+        with db.transaction():
+            db.execute('''UPDATE agents SET stripe_checked_at = :now,
+                          stripe_payouts_enabled = max(stripe_payouts_enabled, :ready) WHERE id = :id''',
+                       {'now': now_iso(), 'ready': int(ready), 'id': agent['id']})
+        if error is not None:
+            result['failed'] += 1
+            if isinstance(error, StripeUnavailable):
+                break
+            continue
+        result['checked'] += 1
+        result['enabled'] += int(ready)
     return result
 
 
@@ -3952,7 +4220,8 @@ def auto_verify_deliveries(db, settings):
 def run_sweeps(db, settings, fan_out=True):
     """Both sweeps once (expiry first, so that an overdue job with nothing delivered cannot be approved);
     on chain, then send the new payouts and confirm the pending ones; in stripe mode, then settle the Checkout
-    Sessions of jobs still pending_payment (reconcile_checkouts: their `opened` jobs are the caller's to publish);
+    Sessions of jobs still pending_payment (reconcile_checkouts: their `opened` jobs are the caller's to publish),
+    ask Stripe for the connected accounts that releases wait for (check_connected_accounts) and send what is due;
     then forget the Idempotency-Key answers over 24 hours old and the browser sessions past their time."""
     result = {'expire': expire_overdue_jobs(db, settings), 'autoVerify': auto_verify_deliveries(db, settings)}
     if settings.onchain:
@@ -3960,6 +4229,7 @@ def run_sweeps(db, settings, fan_out=True):
         result['payouts'] = settings.onchain.confirm(db)
     if settings.stripe:
         result['checkouts'] = reconcile_checkouts(db, settings)
+        result['stripeAccounts'] = check_connected_accounts(db, settings)
         result['stripePayments'] = send_stripe_payments(db, settings)
     forget_idempotency_keys(db)     # not in the result, whose shape scripts and tests read
     forget_sessions(db, settings)   # nor this: browser sessions past their time
@@ -6061,8 +6331,8 @@ def post_job():
     return {'job': job_json(job, svc.settings.base_url)}
 
 
-def job_detail(db, job_id, base_url, viewer=None):
-    """A job with its claims and payments, as GET /api/jobs/:id shows it to `viewer` (and its page to anyone)."""
+def job_parts(db, job_id, base_url, viewer=None):
+    """A job with its claims and payments, as `viewer` may see them (its page shows them to anyone)."""
     job = get_job(db, job_id)
     claims = readable_claims(db, 'c.job_id = :id ORDER BY c.created_at, c.rowid', {'id': job['id']}, viewer)
     payments = db.rows('SELECT * FROM payments WHERE job_id = :id ORDER BY seq', {'id': job['id']})
@@ -6070,16 +6340,25 @@ def job_detail(db, job_id, base_url, viewer=None):
             'payments': [payment_json(p) for p in payments]}
 
 
+def job_detail(db, job_id, base_url, viewer=None):
+    """A job with its claims, payments and timeline, as GET /api/jobs/:id shows it to `viewer`."""
+    detail = job_parts(db, job_id, base_url, viewer)
+    detail['timeline'] = [timeline_json(step) for step in job_story(db, detail)]
+    return detail
+
+
 @route('GET', '/api/jobs/<job_id>')
 def show_job(job_id):
-    """job_detail, rendered by SQLite in one statement (JOB_DETAIL_SQL; make bench: 0.48 → 0.6 of the ceiling)."""
+    """job_detail: the job, claims and payments rendered by SQLite in one statement (JOB_DETAIL_SQL; make bench:
+    0.48 → 0.6 of the ceiling), the timeline built from them (job_story) and added to the text."""
     svc = service()
     text = svc.db.value(JOB_DETAIL_SQL, {'id': parse_uuid(job_id, 'jobId'), 'base': svc.settings.base_url,
                                          **reader_params(caller())})
     if text is None:
         raise NotFound('No job has this id.')
+    timeline = [timeline_json(step) for step in job_story(svc.db, orjson.loads(text))]
     response.content_type = JSON_TYPE
-    return text.encode()
+    return text[:-1].encode() + b',"timeline":' + orjson.dumps(timeline) + b'}'     # the text is one JSON object
 
 
 @route('POST', '/api/jobs/<job_id>/claim', limit='job_action')
@@ -6173,6 +6452,8 @@ def post_stripe_webhook():
         raise provider_unavailable(exc) from None       # not applied: Stripe sends it again later
     if outcome == 'opened':
         svc.hub.publish(get_job(svc.db, job_id))        # committed: now the live streams may see it
+    elif outcome == 'unheld':
+        svc.send_stripe_payouts(0)      # the payments that waited for the hold go out now (else the next sweep)
     return {'received': True, 'eventId': event['id'], 'outcome': outcome, 'jobId': job_id}
 
 
@@ -6483,17 +6764,13 @@ HTML_TYPE = 'text/html; charset=utf-8'
 HSTS = 'max-age=31536000'   # pages over an https --public-url: browsers come back over HTTPS only, for a year
 
 
-def when(moment):
-    """An ISO time as people read it: '2026-11-21 16:40 UTC'."""
-    return f'{moment[:10]} {moment[11:16]} UTC' if moment else ''
-
-
-STRIPE_DASHBOARD_PATHS = {'pi_': 'payments', 're_': 'refunds', 'tr_': 'connect/transfers', 'acct_': 'connect/accounts'}
+STRIPE_DASHBOARD_PATHS = {'pi_': 'payments', 'ch_': 'payments', 're_': 'refunds', 'du_': 'disputes',
+                          'tr_': 'connect/transfers', 'acct_': 'connect/accounts'}
 
 
 def stripe_dashboard(settings):
-    """A function from a Stripe id (pi_, re_, tr_, acct_) to its page in the Stripe Dashboard (the test-mode one
-    for a test key), HTML-escaped for an href, or to None for another id; None outside stripe mode."""
+    """A function from a Stripe id (pi_, ch_, re_, du_, tr_, acct_) to its page in the Stripe Dashboard (the
+    test-mode one for a test key), HTML-escaped for an href, or to None for another id; None outside stripe mode."""
     if not stripe_mode(settings):
         return None
     base = 'https://dashboard.stripe.com' + ('/test' if '_test_' in settings.stripe_secret_key[:8] else '')
@@ -6543,61 +6820,6 @@ def page(handler):
             response.status = error.status
             return render('error', title=f'{error.status} {bottle.HTTP_CODES.get(error.status, "")}', error=error)
     return show
-
-
-def agent_names(db, agent_ids):
-    """{agent id: name} of these agents."""
-    ids = sorted(set(agent_ids))
-    marks = ', '.join(f':a{i}' for i in range(len(ids)))
-    rows = db.rows(f'SELECT id, name FROM agents WHERE id IN ({marks})', {f'a{i}': a for i, a in enumerate(ids)})
-    return {row['id']: row['name'] for row in rows}
-
-
-PAYMENT_EVENTS = {'escrow': 'Escrow locked', 'release': 'Paid to the worker', 'refund': 'Refunded to the requester',
-                  'fee': 'Operator fee'}
-
-
-# The order of a job's steps that happen in the same millisecond (one transaction), by what happened
-STEP_ORDER = ('Posted', 'Stripe', 'Escrow locked', 'Claimed', 'Delivered', 'Disputed', 'Dispute decided', 'Approved',
-              'Rejected', 'Claim expired', 'Paid to the worker', 'Operator fee', 'Refunded to the requester',
-              'Cancelled', 'Expired')
-
-
-def step_rank(what):
-    return next((rank for rank, step in enumerate(STEP_ORDER) if what.startswith(step)), len(STEP_ORDER))
-
-
-def job_timeline(job, claims, disputes, payments, names, notes=()):
-    """What happened to a job, oldest first (steps of one moment in the order they happen): [{at, what, detail}].
-    `notes` are what Stripe said of it (stripe_events rows with a summary)."""
-    events = [{'at': job['createdAt'], 'what': 'Posted',
-               'detail': f'{job["paymentAmount"]} {job["paymentCurrency"]}, due {when(job["deadline"])}'}]
-    events += [{'at': note['created_at'], 'what': 'Stripe', 'detail': note['summary']} for note in notes]
-    for claim in claims:
-        agent = names.get(claim['agentId'], 'an agent')
-        events.append({'at': claim['createdAt'], 'what': 'Claimed', 'detail': f'by {agent}'})
-        if claim['deliveredAt']:
-            events.append({'at': claim['deliveredAt'], 'what': 'Delivered', 'detail': f'by {agent}'})
-        if claim['verifiedAt'] and claim['status'] in ('approved', 'rejected'):
-            what = 'Approved automatically' if claim['autoApproved'] else claim['status'].capitalize()
-            events.append({'at': claim['verifiedAt'], 'what': what,
-                           'detail': f'{agent}\'s delivery' + (f': {claim["verificationReason"]}'
-                                                               if claim['verificationReason'] else '')})
-        elif claim['status'] == 'expired':
-            events.append({'at': claim['updatedAt'], 'what': 'Claim expired', 'detail': f'{agent} did not deliver'})
-    for dispute in disputes:
-        events.append({'at': dispute['createdAt'], 'what': 'Disputed', 'detail': dispute['reason'],
-                       'link': f'/disputes/{dispute["id"]}'})
-        if dispute['resolvedAt']:
-            events.append({'at': dispute['resolvedAt'], 'what': f'Dispute decided for the {dispute["outcome"]}',
-                           'detail': dispute['resolution'] or '', 'link': f'/disputes/{dispute["id"]}'})
-    for payment in payments:
-        events.append({'at': payment['createdAt'], 'what': PAYMENT_EVENTS[payment['type']],
-                       'detail': f'{payment["amount"]} {payment["currency"]} ({payment["status"]})',
-                       'txHash': payment['txHash'], 'reference': payment['reference']})
-    if job['status'] in ('cancelled', 'expired'):
-        events.append({'at': job['updatedAt'], 'what': job['status'].capitalize(), 'detail': ''})
-    return sorted(events, key=lambda event: (event['at'], step_rank(event['what'])))
 
 
 def reputation_chart(history, start=None, width=600, height=120, pad=8):
@@ -6668,7 +6890,7 @@ def job_page(job_id):
 def job_page_for(job_id, action=None):
     """The job page; `action` is a refused form's {action, claimId, values, error, fields}, shown where it was."""
     svc, account = service(), viewer()
-    detail = job_detail(svc.db, job_id, svc.settings.base_url, account)
+    detail = job_parts(svc.db, job_id, svc.settings.base_url, account)
     job = detail['job']
     requester = account is not None and (account['id'] == job['requesterId'] or is_admin(account))
     if job['status'] == 'pending_payment' and not requester:
@@ -6679,9 +6901,7 @@ def job_page_for(job_id, action=None):
     disputes = [dispute_json(d, svc.settings) for d in svc.db.rows(
         f'{DISPUTE_SELECT} WHERE d.job_id = :id ORDER BY d.created_at', {'id': job['id']})]
     names = agent_names(svc.db, [claim['agentId'] for claim in detail['claims']])
-    notes = svc.db.rows('''SELECT created_at, summary FROM stripe_events WHERE job_id = :id AND summary IS NOT NULL
-                           ORDER BY created_at''', {'id': job['id']})
-    timeline = job_timeline(job, detail['claims'], disputes, detail['payments'], names, notes)
+    timeline = job_story(svc.db, detail)
     owned = {row['id'] for row in svc.db.rows('SELECT id FROM agents WHERE account_id = :id',
                                               {'id': account['id']})} if account else set()
     return render('job', title=job['title'], names=names, disputes=disputes, timeline=timeline,
@@ -7363,9 +7583,15 @@ JOB_SCHEMA = closed_object({
     'claimTimeoutHours': {'type': 'integer', 'minimum': 1, 'maximum': 720,
                           'description': 'Hours a claim may stay undelivered before it expires and frees its slot.'},
     'minReputation': MONEY_SCHEMA,
-    'escrowStatus': {'type': 'string', 'enum': ['pending', 'locked', 'released', 'refunded'],
-                     'description': 'pending: nothing locked yet (a job waiting for its payment, or cancelled unpaid).'},
+    'escrowStatus': {'type': 'string', 'enum': ['pending', 'locked', 'released', 'refunded', 'held', 'charged_back'],
+                     'description': 'pending: nothing locked yet (a job waiting for its payment, or cancelled unpaid). '
+                                    'held (rail stripe): the card payment is disputed, or partly refunded outside the '
+                                    'service; no release, transfer or refund is made until the hold lifts (a dispute '
+                                    'won). charged_back: the dispute was lost; the card money went back to the payer, '
+                                    'the job is cancelled and no Refund was sent.'},
     'escrowTxHash': nullable(TX_HASH_SCHEMA),
+    'needsAdmin': {'type': 'boolean', 'description': 'true while the escrow is held (a chargeback or a refund made '
+                                                     'outside the service): an admin should look at it.'},
     'claimCount': dict(COUNT_SCHEMA, description='Active claims: claimed, delivered or disputed.'),
     'createdAt': TIME_SCHEMA,
     'updatedAt': TIME_SCHEMA,
@@ -7442,17 +7668,20 @@ API_SCHEMAS = {
         'amount': MONEY_SCHEMA,
         'currency': CURRENCY_SCHEMA,
         'rail': RAIL_SCHEMA,
-        'status': {'type': 'string', 'enum': ['simulated', 'pending', 'confirmed', 'failed'],
-                   'description': 'simulated: a ledger entry only, with txHash null.'},
+        'status': {'type': 'string', 'enum': ['simulated', 'pending', 'confirmed', 'failed', 'cancelled'],
+                   'description': 'simulated: a ledger entry only, with txHash null. cancelled (rail stripe): never '
+                                  'sent, because the card money went back to the payer (a dispute lost, a refund '
+                                  'from the Stripe Dashboard); it counts for nothing in the ledger.'},
         'recipient': {'type': 'string', 'description': "A wallet address, an agent or account id, 'escrow' or "
                                                        "'operator'."},
         'txHash': nullable(TX_HASH_SCHEMA),
         'reference': nullable({'type': 'string', 'examples': ['pi_3Nx']}),
         'createdAt': TIME_SCHEMA,
     }, description="reference: on rail stripe in stripe mode, the Stripe object that moved the money (escrow: the "
-                   "PaymentIntent; release: the Transfer to the agent's connected account; refund: the Refund), null "
-                   "while pending; txHash: on chain. recipient 'platform': held in the platform's Stripe balance; "
-                   "a release's recipient is the agent's connected account (its agent id until it has one)."),
+                   "PaymentIntent; release: the Transfer to the agent's connected account; refund: the Refund, or the "
+                   "dispute (du_) or charge (ch_) when the card money went back outside the service and no Refund was "
+                   "sent), null while pending; txHash: on chain. recipient 'platform': held in the platform's Stripe "
+                   "balance; a release's recipient is the agent's connected account (its agent id until it has one)."),
     'Account': closed_object({
         'id': UUID_SCHEMA,
         'name': {'type': 'string', 'minLength': 1, 'maxLength': 100},
@@ -7852,23 +8081,38 @@ API_SCHEMAS = {
     'StripeEventResult': closed_object({
         'received': {'type': 'boolean', 'enum': [True]},
         'eventId': {'type': 'string'},
-        'outcome': {'type': 'string', 'enum': ['opened', 'cancelled', 'recorded', 'unchanged', 'duplicate', 'ignored'],
+        'outcome': {'type': 'string', 'enum': ['opened', 'cancelled', 'recorded', 'unchanged', 'duplicate', 'ignored',
+                                               'held', 'unheld', 'charged_back', 'refunded'],
                     'description': 'What the event did: opened or cancelled its pending job, recorded on a job, '
-                                   'changed nothing, was applied before (duplicate), or is of a type not used.'},
+                                   'changed nothing, was applied before (duplicate), or is of a type not used; a '
+                                   "charge event: held the job's escrow (a dispute, a partial refund from outside), "
+                                   'lifted the hold (a dispute won), or ended the job charged_back (a dispute lost) '
+                                   'or refunded (the whole charge refunded from outside).'},
         'jobId': nullable(UUID_SCHEMA),
     }),
     'JobDetail': closed_object({
         'job': schema_ref('Job'),
         'claims': {'type': 'array', 'items': schema_ref('Claim'), 'description': 'Oldest first.'},
         'payments': {'type': 'array', 'items': schema_ref('Payment')},
+        'timeline': {'type': 'array', 'items': schema_ref('TimelineEntry'),
+                     'description': "What happened to the job, oldest first: the entries its page shows, Stripe's "
+                                    'charge events (payment, dispute, refund) included.'},
         'checkoutUrl': dict(URL_SCHEMA, description='Only while the job is pending_payment (shown to its requester '
                                                     'and admins): the Stripe Checkout page where it is paid.'),
     }, optional=['checkoutUrl']),
+    'TimelineEntry': closed_object({
+        'at': TIME_SCHEMA,
+        'kind': {'type': 'string', 'enum': list(TIMELINE_KINDS)},
+        'text': {'type': 'string', 'description': "As the job's page shows it: 'Paid to the worker — 25.00 USD "
+                                                  "(confirmed)'."},
+        'reference': nullable({'type': 'string', 'examples': ['0x5c50…', 'tr_1Nx', 'du_1Nx'],
+                               'description': 'A transaction hash, a Stripe object id or a dispute id.'}),
+    }),
     'ClaimResult': closed_object({'claim': schema_ref('Claim'), 'job': schema_ref('Job')}),
     'VerifyResult': closed_object({
         'job': schema_ref('Job'),
         'claim': schema_ref('Claim'),
-        'escrowStatus': {'type': 'string', 'enum': ['locked', 'released', 'refunded']},
+        'escrowStatus': {'type': 'string', 'enum': ['locked', 'released', 'refunded', 'held']},
         'payments': {'type': 'array', 'items': schema_ref('Payment'), 'description': 'The payments this verdict made.'},
     }),
     'DisputeCreated': closed_object({'dispute': schema_ref('Dispute'), 'job': schema_ref('Job')}),
@@ -7880,7 +8124,7 @@ API_SCHEMAS = {
                                     'claim': schema_ref('Claim')}),
     'DisputeResolved': closed_object({
         'dispute': schema_ref('Dispute'),
-        'escrowStatus': {'type': 'string', 'enum': ['locked', 'released', 'refunded']},
+        'escrowStatus': {'type': 'string', 'enum': ['locked', 'released', 'refunded', 'held']},
         'jobStatus': JOB_STATUS_SCHEMA,
     }),
     'VoteCast': closed_object({
@@ -8131,16 +8375,21 @@ API_OPERATIONS = {
     ('POST', '/api/stripe/webhook'): {
         'summary': "Stripe's events: a job paid by card opens, an unpaid one is cancelled", 'tags': ['Payments'],
         'headers': [{'name': 'Stripe-Signature', 'required': True, 'schema': {'type': 'string'},
-                     'description': "Stripe's signature of the raw body with the endpoint's secret (whsec_...)."}],
+                     'description': "Stripe's signature of the raw body with the platform endpoint's secret or "
+                                    "the Connect endpoint's (whsec_...)."}],
         'body': 'StripeEvent', 'ok': (200, 'StripeEventResult'), 'errors': (400, 404, 413, 429, 503),
         'description': 'For Stripe only, in stripe mode (404 otherwise); no API key; limited per IP far above Stripe\'s pace (429 is sent again by Stripe). 400 '
                        '`invalid_signature` when the signature is missing, wrong or over 300 s old: nothing changes. '
                        'Each event applies once by its id, in any order; 200 after its change commits (also for a '
                        'duplicate and for the types not used). checkout.session.completed (paid) and '
                        'async_payment_succeeded open the job the session was opened for when it paid its price in '
-                       'usd; checkout.session.expired and async_payment_failed cancel it; charge.refunded and '
-                       "charge.dispute.created are recorded on the job's timeline; account.updated (a Connect "
-                       "event) sets the agent's stripe.payoutsEnabled. 503 "
+                       'usd; checkout.session.expired and async_payment_failed cancel it; charge events are on the '
+                       "job's timeline: charge.dispute.created holds its escrow (no money moves, needsAdmin), "
+                       'charge.dispute.closed won lifts the hold and lost ends the job cancelled, escrow '
+                       'charged_back (no Refund sent); charge.refunded beyond the service\'s own Refunds ends it '
+                       'cancelled, escrow refunded, for the whole charge, and holds it for a part; account.updated '
+                       "(a Connect event, signed with --stripe-connect-webhook-secret) sets the agent's "
+                       "stripe.payoutsEnabled. 503 "
                        '`payment_provider_unavailable` when Stripe cannot be asked for the session: the event is '
                        'not applied and Stripe sends it again.'},
     ('POST', '/api/jobs'): {
@@ -9069,7 +9318,7 @@ def sweep_forever(service):
         checkouts = result.get('checkouts', {})
         if (result['expire']['expired'] or result['expire']['reputationPenalties'] or result['autoVerify']['autoApproved']
                 or checkouts.get('opened') or checkouts.get('cancelled')
-                or result.get('stripePayments', {}).get('sent')):
+                or result.get('stripePayments', {}).get('sent') or result.get('stripeAccounts', {}).get('enabled')):
             log.info('sweep: %s', json.dumps(result))
 
 
@@ -9674,7 +9923,8 @@ def setting_secrets(settings):
     """What logs must never show of the settings: keys, webhook secrets, the paths and queries of the RPC and
     facilitator URLs (a provider's key is often there), the replica URL's user info and the AWS secret variables."""
     keys = [settings.escrow_key, settings.escrow_key.removeprefix('0x'), settings.admin_key,
-            settings.stripe_secret_key, settings.stripe_webhook_secret, settings.api_key]
+            settings.stripe_secret_key, settings.stripe_webhook_secret, settings.stripe_connect_webhook_secret,
+            settings.api_key]
     return ([key for key in keys if key] + url_secrets(settings.rpc_url) + url_secrets(settings.facilitator_url)
             + replication.secrets(settings.replica_url))
 

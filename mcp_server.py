@@ -203,8 +203,10 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
     @api_tool(READ)
     def get_job(job_id: JobId) -> dict[str, Any]:
         """One job with everything about it: its fields (requirements, acceptanceCriteria, escrowStatus...), its
-        claims (with their ids, for deliver_job and verify_delivery) and its payment records. Free, changes
-        nothing. Returns {job, claims, payments}."""
+        claims (with their ids, for deliver_job and verify_delivery), its payment records and its timeline (what
+        happened, oldest first: {at, kind, text, reference}). escrowStatus "held" (needsAdmin true): the card
+        payment is disputed or partly refunded, and no money moves until that is settled; "charged_back": the
+        dispute was lost and the job cancelled. Free, changes nothing. Returns {job, claims, payments, timeline}."""
         return call_api('get_job', f'/api/jobs/{job_id}')
 
     @api_tool(WRITE)

@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS agents (
     created_at        TEXT NOT NULL,
     updated_at        TEXT NOT NULL,
     stripe_account_id TEXT,                         -- stripe rail: the Express connected account it is paid to
-    stripe_payouts_enabled INTEGER NOT NULL DEFAULT 0   -- stripe rail: account.updated says it can take transfers
+    stripe_payouts_enabled INTEGER NOT NULL DEFAULT 0,  -- stripe rail: account.updated says it can take transfers
+    stripe_checked_at TEXT                          -- stripe rail: when a sweep last asked Stripe for the account
 );
 CREATE INDEX IF NOT EXISTS agents_account ON agents(account_id);
 CREATE UNIQUE INDEX IF NOT EXISTS agents_stripe_account ON agents(stripe_account_id);
@@ -79,7 +80,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     deadline                  TEXT NOT NULL,
     verification_window_hours INTEGER NOT NULL DEFAULT 24,
     min_reputation            INTEGER NOT NULL DEFAULT 0,   -- hundredths
-    escrow_status             TEXT NOT NULL CHECK (escrow_status IN ('pending', 'locked', 'released', 'refunded')),
+    escrow_status             TEXT NOT NULL CHECK (escrow_status IN
+        ('pending', 'locked', 'released', 'refunded', 'held', 'charged_back')),
     escrow_tx_hash            TEXT,                         -- on chain: the funding transfer
     refund_address            TEXT,                         -- on chain: who funded it, and gets refunds
     created_at                TEXT NOT NULL,
@@ -89,7 +91,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     checkout_url              TEXT,                         -- stripe rail: where the requester pays, while pending
     checkout_expires_at       TEXT,                         -- stripe rail: when that session expires
     payment_intent            TEXT,                         -- stripe rail: the PaymentIntent that paid it (refunds)
-    stripe_charge             TEXT                          -- stripe rail: its Charge (transfers' source_transaction)
+    stripe_charge             TEXT,                         -- stripe rail: its Charge (transfers' source_transaction)
+    escrow_unheld             TEXT                          -- stripe rail: while escrow is held (a chargeback, a refund
+                                                            -- from outside), the status it takes when the hold lifts
 );
 -- Lists filter by status and category and sort by seq (newest, oldest), pay or deadline: each index below
 -- serves one filter with its sorts in index order (an index ends in seq, the rowid), so a page of 50 stops
@@ -169,7 +173,8 @@ CREATE TABLE IF NOT EXISTS payments (
     amount      INTEGER NOT NULL CHECK (amount >= 0),
     currency    TEXT NOT NULL,
     rail        TEXT NOT NULL,
-    status      TEXT NOT NULL,                  -- simulated | pending | confirmed | failed
+    status      TEXT NOT NULL,                  -- simulated | pending | confirmed | failed | cancelled (never sent:
+                                                -- its card money went back; two more entries reverse its two)
     recipient   TEXT,
     tx_hash     TEXT,
     raw_tx      TEXT,                           -- on chain: the signed transfer, stored before it is sent
@@ -303,7 +308,8 @@ CREATE TABLE IF NOT EXISTS stripe_events (
     type        TEXT NOT NULL,
     job_id      TEXT REFERENCES jobs(id),
     summary     TEXT,                           -- for the job's timeline, when the event is about a job
-    created_at  TEXT NOT NULL
+    created_at  TEXT NOT NULL,
+    reference   TEXT                            -- the Stripe object it is about (ch_, du_, cs_), for the timeline
 );
 CREATE INDEX IF NOT EXISTS stripe_events_job ON stripe_events(job_id) WHERE job_id IS NOT NULL;
 

@@ -5,6 +5,11 @@
 % if job['status'] == 'pending_payment' and get('requester'):
 <p class="notice" id="pending">Pending until paid: this job is hidden from everyone but you until Stripe confirms the payment. <a href="/jobs/{{job['id']}}/pay">Pay now</a></p>
 % end
+% if job['escrowStatus'] == 'held':
+<p class="notice" id="held">Escrow held: the card payment is disputed, or was partly refunded in the Stripe Dashboard. No money moves until that is settled.</p>
+% elif job['escrowStatus'] == 'charged_back':
+<p class="notice" id="charged-back">Charged back: the payer's bank took the card payment back, and the job was cancelled.</p>
+% end
 % if act and act['action'] == 'cancel':
 <p class="error" id="cancel-error" role="alert" tabindex="-1">{{act['error'].message}}</p>
 % end

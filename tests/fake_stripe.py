@@ -2,9 +2,10 @@
 
 It speaks what the real `stripe` library sends (form bodies with bracket keys, Bearer auth with the
 secret key, an Idempotency-Key header) and answers Stripe-shaped JSON and errors. Tests drive it with
-plain methods, not HTTP: complete(), settle(), expire(), enable_payouts(), fail_next(), delay_next(), event(),
-sign(), and read state with session(), payment_intent(), charge(), account(), transfer_list(), refund_list(),
-posts() and log.
+plain methods, not HTTP: complete(), settle(), expire(), enable_payouts(), dispute(), close_dispute(),
+refund_from_dashboard(), fail_next(), delay_next(), event(), connect_event() (signed with the Connect endpoint's
+secret), sign(), and read state with session(), payment_intent(), charge(), account(), dispute_json(),
+transfer_list(), refund_list(), posts(), account_reads() and log.
 
     from fake_stripe import fake_stripe, fake_stripe_server   # noqa: F401  (the fixtures)
 
@@ -31,6 +32,7 @@ import stripe
 
 SECRET_KEY = 'sk_test_fake_' + 'k' * 24
 WEBHOOK_SECRET = 'whsec_fake_' + 'w' * 24
+CONNECT_WEBHOOK_SECRET = 'whsec_fake_connect_' + 'c' * 24      # the Connect endpoint's: connected accounts' events
 API_VERSION = stripe.api_version
 _ALPHABET = string.ascii_letters + string.digits
 
@@ -105,9 +107,11 @@ def _required(form, name):
 class FakeStripe:
     """The fake Stripe API: its state, its HTTP server and the controls tests use."""
 
-    def __init__(self, *, secret_key=SECRET_KEY, webhook_secret=WEBHOOK_SECRET):
+    def __init__(self, *, secret_key=SECRET_KEY, webhook_secret=WEBHOOK_SECRET,
+                 connect_webhook_secret=CONNECT_WEBHOOK_SECRET):
         self.secret_key = secret_key
         self.webhook_secret = webhook_secret
+        self.connect_webhook_secret = connect_webhook_secret
         self.lock = threading.RLock()
         self.server = None
         self.url = None
@@ -146,6 +150,7 @@ class FakeStripe:
             self.generation = getattr(self, 'generation', 0) + 1
             self.sessions, self.intents, self.charges = {}, {}, {}
             self.accounts, self.transfers, self.refunds, self.links = {}, {}, {}, {}
+            self.disputes = {}
             self._session_secret = {}       # what a session was made with that its JSON does not show
             self.idempotency = {}           # key -> (method, path, params, status, body)
             self.log = []                   # every request: {method, path, idempotency_key, form, query, ...}
@@ -224,6 +229,51 @@ class FakeStripe:
                            capabilities={'transfers': 'active'})
             return self.account(account_id)
 
+    def dispute(self, charge_id, *, reason='fraudulent', amount=None):
+        """The payer disputes a charge at its bank (Stripe takes the amount from the platform's balance meanwhile): the
+        new dispute's JSON, the object of charge.dispute.created."""
+        with self.lock:
+            charge = self.charges[charge_id]
+            dispute_id = new_id('du_')
+            self.disputes[dispute_id] = {
+                'id': dispute_id, 'object': 'dispute', 'amount': charge['amount'] if amount is None else amount,
+                'charge': charge_id, 'created': int(self.clock()), 'currency': charge['currency'],
+                'livemode': False, 'metadata': {}, 'payment_intent': charge['payment_intent'], 'reason': reason,
+                'status': 'needs_response',
+            }
+            charge['disputed'] = True
+            return self.dispute_json(dispute_id)
+
+    def close_dispute(self, dispute_id, status):
+        """The bank decides: status 'won' or 'lost'; the dispute's JSON, the object of charge.dispute.closed."""
+        if status not in ('won', 'lost', 'warning_closed'):
+            raise ValueError(f'a dispute closes won, lost or warning_closed, not {status}')
+        with self.lock:
+            self.disputes[dispute_id]['status'] = status
+            return self.dispute_json(dispute_id)
+
+    def refund_from_dashboard(self, charge_id, amount=None):
+        """Someone refunds a charge in the Stripe Dashboard (not through the API the service uses): the refund is made
+        (amount: the rest of the charge by default) and the charge's JSON is returned, the object of charge.refunded."""
+        with self.lock:
+            charge = self.charges[charge_id]
+            amount = charge['amount'] - charge['amount_refunded'] if amount is None else amount
+            charge['amount_refunded'] += amount
+            charge['refunded'] = charge['amount_refunded'] == charge['amount']
+            refund_id = new_id('re_')
+            self.refunds[refund_id] = {
+                'id': refund_id, 'object': 'refund', 'amount': amount, 'charge': charge_id,
+                'created': int(self.clock()), 'currency': charge['currency'], 'metadata': {},
+                'payment_intent': charge['payment_intent'], 'reason': 'requested_by_customer', 'status': 'succeeded',
+                'dashboard': True,
+            }
+            return self.charge(charge_id)
+
+    def connect_event(self, type, obj, account, **options):
+        """A Connect event (about a connected account, `account` set) as Stripe sends it to the Connect endpoint:
+        signed with that endpoint's own secret. (payload, Stripe-Signature header), as event()."""
+        return self.event(type, obj, account, secret=self.connect_webhook_secret, **options)
+
     def fail_next(self, n=1, status=500, *, after=False, body=None):
         """Fail the next n requests with HTTP `status` (Stripe's api_error shape, or `body`: a dict as JSON, bytes
         as they are) or 'drop' (close the connection without an answer); with after=True each request runs first
@@ -286,6 +336,16 @@ class FakeStripe:
     def account(self, account_id):
         with self.lock:
             return json.loads(json.dumps(self.accounts[account_id]))
+
+    def dispute_json(self, dispute_id):
+        with self.lock:
+            return json.loads(json.dumps(self.disputes[dispute_id]))
+
+    def account_reads(self, account_id=None):
+        """The logged accounts.retrieve requests (GET /v1/accounts/:id), of one account if given, oldest first."""
+        with self.lock:
+            return [r for r in self.log if r['method'] == 'GET' and r['path'].startswith('/v1/accounts/')
+                    and (account_id is None or r['path'] == f'/v1/accounts/{account_id}')]
 
     def transfer_list(self):
         """Every transfer made, oldest first."""

@@ -475,13 +475,62 @@ def test_a_version_1_database_gains_the_x402_tables_and_keeps_its_rows(tmp_path)
     db.close()
 
 
-def version_4_demo(path):
-    """The demo fixtures in a database of schema version 4 (seeded now, then taken back to that shape): an open
+def undo_version_9(conn):
+    """Take a database's schema back from version 9 to 8 (migration 9 undone), in the caller's transaction."""
+    version = next(conn.execute('PRAGMA schema_version'))[0]
+    conn.execute("""ALTER TABLE jobs DROP COLUMN escrow_unheld; ALTER TABLE agents DROP COLUMN stripe_checked_at;
+        ALTER TABLE stripe_events DROP COLUMN reference;
+        DROP INDEX x402_payments_tx; ALTER TABLE x402_payments DROP COLUMN call_digest;
+        ALTER TABLE disputes DROP COLUMN requester_account; ALTER TABLE disputes DROP COLUMN worker_account;
+        ALTER TABLE disputes DROP COLUMN worker_wallet; ALTER TABLE disputes DROP COLUMN payer_wallet;
+        PRAGMA writable_schema = ON;
+        UPDATE sqlite_schema SET sql = replace(sql, ', ''held'', ''charged_back''', '')
+            WHERE type = 'table' AND name = 'jobs';""")
+    conn.execute(f'PRAGMA schema_version = {version + 1}')
+    conn.execute('PRAGMA writable_schema = OFF')
+
+
+def version_8_demo(path):
+    """The demo fixtures in a database of schema version 8 (seeded now, then taken back to that shape): an open
     connection to it, in a transaction."""
     mp.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', out=lambda line: None)
     conn = apsw.Connection(str(path))
     conn.execute('PRAGMA foreign_keys = ON')
     conn.execute('BEGIN')
+    undo_version_9(conn)
+    conn.execute('PRAGMA user_version = 8')
+    return conn
+
+
+def test_a_version_8_database_takes_held_escrow_and_keeps_its_rows(tmp_path):
+    path = tmp_path / 'old.db'
+    conn = version_8_demo(path)
+    conn.execute('COMMIT')
+    jobs = list(conn.execute('SELECT id, status, escrow_status FROM jobs ORDER BY id'))
+    schema = next(conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'jobs'"))[0]
+    assert 'held' not in schema and 'escrow_unheld' not in schema and len(jobs) == 10
+    conn.close()
+    db = mp.Database(path)
+    db.migrate()
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
+    assert [tuple(row.values()) for row in db.rows('SELECT id, status, escrow_status FROM jobs ORDER BY id')] == jobs
+    assert db.value('PRAGMA integrity_check') == 'ok' and db.value('PRAGMA foreign_key_check') is None
+    assert mp.ledger_problems(db) == []
+    job = jobs[0][0]
+    with db.transaction():      # the new values are allowed, and the CHECK still refuses others
+        db.execute("UPDATE jobs SET escrow_status = 'held', escrow_unheld = 'locked' WHERE id = :id", {'id': job})
+        db.execute("UPDATE jobs SET escrow_status = 'charged_back' WHERE id = :id", {'id': job})
+    with pytest.raises(apsw.ConstraintError):
+        db.execute("UPDATE jobs SET escrow_status = 'frozen' WHERE id = :id", {'id': job})
+    assert {row['stripe_checked_at'] for row in db.rows('SELECT stripe_checked_at FROM agents')} == {None}
+    assert db.rows('SELECT reference FROM stripe_events') == []
+    db.close()
+
+
+def version_4_demo(path):
+    """The demo fixtures in a database of schema version 4 (seeded now, then taken back to that shape): an open
+    connection to it, in a transaction."""
+    conn = version_8_demo(path)
     version = next(conn.execute('PRAGMA schema_version'))[0]
     conn.execute("""DROP TABLE webhook_events; DROP INDEX webhook_deliveries_pending;
         ALTER TABLE agents DROP COLUMN webhook_failures; ALTER TABLE agents DROP COLUMN webhook_paused_at;
@@ -490,8 +539,6 @@ def version_4_demo(path):
         ALTER TABLE jobs DROP COLUMN checkout_expires_at; ALTER TABLE jobs DROP COLUMN payment_intent;
         ALTER TABLE jobs DROP COLUMN stripe_charge; ALTER TABLE payments DROP COLUMN reference;
         ALTER TABLE agents DROP COLUMN stripe_account_id; ALTER TABLE agents DROP COLUMN stripe_payouts_enabled;
-        ALTER TABLE disputes DROP COLUMN requester_account; ALTER TABLE disputes DROP COLUMN worker_account;
-        ALTER TABLE disputes DROP COLUMN worker_wallet; ALTER TABLE disputes DROP COLUMN payer_wallet;
         PRAGMA writable_schema = ON;
         UPDATE sqlite_schema SET sql = replace(replace(sql, '''pending_payment'', ', ''), '''pending'', ', '')
             WHERE type = 'table' AND name = 'jobs';""")
@@ -627,7 +674,8 @@ def test_a_version_2_database_gains_job_counts_of_its_jobs_and_the_list_indexes(
 def test_a_new_database_gets_the_schema_without_migrations(tmp_path):
     db = mp.Database(tmp_path / 'new.db')
     not_sql = {'before': 'THIS IS NOT SQL'}
-    db.migrate(mp.SCHEMA_SQL, {2: not_sql, 3: not_sql, 4: not_sql, 5: not_sql, 6: not_sql})     # a new database runs no migration
+    db.migrate(mp.SCHEMA_SQL, {2: not_sql, 3: not_sql, 4: not_sql, 5: not_sql, 6: not_sql,
+                               9: not_sql})     # a new database runs no migration
     assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
     db.close()
 
@@ -638,8 +686,8 @@ def test_migration_9_gives_x402_payments_their_call_digest(tmp_path):
     db = mp.Database(tmp_path / 'v8.db')
     db.migrate()
     with db.transaction():
-        db.conn.execute('''DROP INDEX x402_payments_tx; ALTER TABLE x402_payments DROP COLUMN call_digest;
-                           PRAGMA user_version = 8;''')
+        undo_version_9(db.conn)
+        db.conn.execute('PRAGMA user_version = 8')
         db.insert('x402_payments', {'id': 'p1', 'form': 'proof', 'endpoint': 'GET /api/jobs/match', 'chain_id': 8453,
                                     'asset': 'USDC', 'payer': '0xpayer', 'amount': 10_000, 'tx_hash': '0xtx',
                                     'status': 'confirmed', 'created_at': mp.now_iso()})
@@ -680,10 +728,8 @@ def test_a_version_5_database_keeps_the_hashes_of_its_signed_payouts(tmp_path):
                            DROP TRIGGER x402_payments_signed; DROP TRIGGER x402_payments_resigned;
                            DROP TABLE signed_transactions; DROP TABLE webhook_events;
                            DROP INDEX webhook_deliveries_pending; ALTER TABLE agents DROP COLUMN webhook_failures;
-                           ALTER TABLE agents DROP COLUMN webhook_paused_at;
-                           ALTER TABLE disputes DROP COLUMN requester_account; ALTER TABLE disputes DROP COLUMN
-                           worker_account; ALTER TABLE disputes DROP COLUMN worker_wallet; ALTER TABLE disputes
-                           DROP COLUMN payer_wallet; PRAGMA user_version = 5;''')
+                           ALTER TABLE agents DROP COLUMN webhook_paused_at; PRAGMA user_version = 5;''')
+        undo_version_9(db.conn)
         db.insert('payments', {'id': 'p1', 'job_id': job, 'type': 'refund', 'amount': 0, 'currency': 'USDC',
                                'rail': 'base', 'status': 'pending', 'recipient': '0x' + '1' * 40,
                                'tx_hash': '0x' + 'ab' * 32, 'raw_tx': '0x02f8', 'nonce': 4,
@@ -711,6 +757,7 @@ def test_a_version_8_database_ends_its_sessions_and_demotes_the_retired_env_admi
         db.execute("UPDATE api_keys SET from_env = 1, revoked_at = '2026-01-01T00:00:00.000Z' WHERE account_id = :id",
                    {'id': retired['id']})
         db.execute('UPDATE api_keys SET from_env = 1 WHERE account_id = :id', {'id': live['id']})
+        undo_version_9(db.conn)
         db.conn.execute('''DROP TABLE sessions;
             CREATE TABLE sessions (id_hash TEXT PRIMARY KEY, account_id TEXT NOT NULL REFERENCES accounts(id),
                                    created_at TEXT NOT NULL, seen_at TEXT NOT NULL, expires_at TEXT NOT NULL);

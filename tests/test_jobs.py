@@ -503,10 +503,32 @@ def test_show_job(market, client):
     job = market.job()
     answer = client.get(f'/api/jobs/{job["id"]}')
     assert answer.status == 200, answer
-    assert set(answer.json) == {'job', 'claims', 'payments'}
-    assert answer.json['job'] == job
+    assert set(answer.json) == {'job', 'claims', 'payments', 'timeline'}
+    assert answer.json['job'] == job and job['needsAdmin'] is False
     assert answer.json['claims'] == []
     assert [p['type'] for p in answer.json['payments']] == ['escrow']
+    [escrow] = answer.json['payments']
+    assert answer.json['timeline'] == [
+        {'at': job['createdAt'], 'kind': 'posted', 'text': f'Posted — 25.00 USDC, due {mp.when(job["deadline"])}',
+         'reference': None},
+        {'at': escrow['createdAt'], 'kind': 'escrow', 'text': 'Escrow locked — 25.00 USDC (simulated)',
+         'reference': None}]
+
+
+def test_the_timeline_tells_a_job_oldest_first_with_its_references(market, client):
+    """The job's story is in the API (CONTRACT.md 20): the entries its page shows, a dispute's id as reference."""
+    job, claim = market.delivered_job()
+    answer = client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': claim['id'], 'reason': 'Half of it.'},
+                         key=market.requester_key)
+    assert answer.status == 201, answer
+    dispute_id = answer.json['dispute']['id']
+    timeline = client.get(f'/api/jobs/{job["id"]}').json['timeline']
+    assert [step['kind'] for step in timeline] == ['posted', 'escrow', 'claimed', 'delivered', 'disputed']
+    assert [step['at'] for step in timeline] == sorted(step['at'] for step in timeline)
+    assert timeline[4] == {'at': timeline[4]['at'], 'kind': 'disputed', 'text': 'Disputed — Half of it.',
+                           'reference': dispute_id}
+    assert timeline[2]['text'] == f'Claimed — by {market.agent["name"]}' and timeline[2]['reference'] is None
+    assert 'timeline' not in client.get('/api/jobs').json['jobs'][0]        # lists pay nothing for it
 
 
 def test_show_job_with_its_claim(market, client):

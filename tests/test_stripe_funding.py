@@ -40,7 +40,8 @@ class FakeRail:
 
     ids = itertools.count(1)
 
-    def __init__(self, secret_key, webhook_secret, *, api_base='https://api.stripe.com', timeout=10):
+    def __init__(self, secret_key, webhook_secret, *, connect_webhook_secret='', api_base='https://api.stripe.com',
+                 timeout=10):
         self.webhook_secret = webhook_secret
         self.sessions = {}
         self.calls = []
@@ -439,7 +440,9 @@ def test_stripe_down_while_reading_the_session_leaves_the_event_for_its_retry(cl
 
 
 @pytest.mark.parametrize('kind', ['charge.refunded', 'charge.dispute.created'])
-def test_charge_events_are_recorded_on_the_job_without_changing_it(client, market, rail, kind):
+def test_charge_events_are_recorded_on_the_job_and_card_money_going_back_stops_it(client, market, rail, kind):
+    """CONTRACT.md 20 (superseding 12's 'no automatic change'): a dispute holds the escrow, a whole refund made
+    outside the service ends the job refunded (tests/test_stripe_chargebacks.py has the rest)."""
     db = client.app.service.db
     job = usd_job(client, market.requester_key)['job']
     session = rail.pay(job)
@@ -451,9 +454,12 @@ def test_charge_events_are_recorded_on_the_job_without_changing_it(client, marke
         thing = {'id': 'dp_test_1', 'object': 'dispute', 'charge': session['charge'], 'amount': 2500,
                  'reason': 'fraudulent', 'payment_intent': session['payment_intent']}
     answer = send(client, rail, kind, thing, 'evt_charge')
-    assert answer.json == {'received': True, 'eventId': 'evt_charge', 'outcome': 'recorded', 'jobId': job['id']}
+    outcome = 'refunded' if kind == 'charge.refunded' else 'held'
+    assert answer.json == {'received': True, 'eventId': 'evt_charge', 'outcome': outcome, 'jobId': job['id']}
     assert send(client, rail, kind, thing, 'evt_charge').json['outcome'] == 'duplicate'
-    assert state(db, job['id']) == ('open', 'locked', 1, 2)
+    assert state(db, job['id']) == (('cancelled', 'refunded', 2, 2) if kind == 'charge.refunded'
+                                    else ('open', 'held', 1, 2))
+    assert mp.ledger_problems(db) == []
     page = client.get(f'/jobs/{job["id"]}').body.decode()
     assert ('Stripe refunded 25.00 USD' if kind == 'charge.refunded' else 'The payer disputed charge') in page
 

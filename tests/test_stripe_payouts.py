@@ -27,7 +27,8 @@ def stripe_settings(tmp_path, fake, **overrides):
     return mp.Settings(**{
         'db': str(tmp_path / 'stripe.db'), 'rate_limits': 'off', 'admin_key': ADMIN_KEY,
         'public_url': 'http://market.test', 'allow_private_webhooks': True, 'stripe_secret_key': fake.secret_key,
-        'stripe_webhook_secret': fake.webhook_secret, 'stripe_api_base': fake.url, **overrides})
+        'stripe_webhook_secret': fake.webhook_secret, 'stripe_connect_webhook_secret': fake.connect_webhook_secret,
+        'stripe_api_base': fake.url, **overrides})
 
 
 @pytest.fixture
@@ -59,8 +60,10 @@ class World(Market):
         self.fake, self.db = fake, db
 
     def webhook(self, kind, thing, account=None):
-        """Deliver a signed Stripe event to the service; its answer's JSON."""
-        payload, signature = self.fake.event(kind, thing, account)
+        """Deliver a signed Stripe event to the service (a Connect event, `account` set, signed with the Connect
+        endpoint's secret, as Stripe does); its answer's JSON."""
+        payload, signature = (self.fake.event(kind, thing) if account is None
+                              else self.fake.connect_event(kind, thing, account))
         answer = self.client.post('/api/stripe/webhook', payload,
                                   headers={'Stripe-Signature': signature, 'Content-Type': 'application/json'})
         assert answer.status == 200, answer

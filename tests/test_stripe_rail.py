@@ -376,6 +376,23 @@ def test_a_connect_event_names_its_account(rail, fake_stripe):
     assert event['object']['capabilities'] == {'transfers': 'active'}
 
 
+def test_an_event_signed_with_the_connect_secret_is_good_only_with_that_secret(rail, fake_stripe):
+    """Stripe signs connected accounts' events at the Connect endpoint with its own secret (CONTRACT.md 20)."""
+    account_id = worker_account(rail, fake_stripe)
+    payload, header = fake_stripe.connect_event('account.updated', fake_stripe.account(account_id), account_id)
+    with pytest.raises(InvalidSignature):
+        rail.event(payload, header)         # a rail that knows only the platform endpoint's secret
+    both = StripeRail(fake_stripe.secret_key, fake_stripe.webhook_secret, api_base=fake_stripe.url,
+                      connect_webhook_secret=fake_stripe.connect_webhook_secret)
+    assert (both.event(payload, header)['account'], both.event(payload, header)['type']) == \
+        (account_id, 'account.updated')
+    payload, header = fake_stripe.event('checkout.session.completed', {'id': 'cs_test_1'})
+    assert both.event(payload, header)['object'] == {'id': 'cs_test_1'}        # the platform's still good
+    payload, header = fake_stripe.event('checkout.session.completed', {'id': 'cs_test_1'}, secret='whsec_other')
+    with pytest.raises(InvalidSignature):
+        both.event(payload, header)
+
+
 def test_a_tampered_event_is_invalid(rail, fake_stripe):
     payload, header = fake_stripe.event('checkout.session.completed', {'id': 'cs_test_1', 'amount_total': 100})
     with pytest.raises(InvalidSignature):

@@ -1,7 +1,8 @@
 """Every rule of CONTRACT.md section 12 once more, through HTTP against the real server (a process) and the fake
 Stripe API (tests/fake_stripe.py): funding, a session that expires, a lost webhook the sweep reconciles, duplicate
 and reordered events, a bad signature, onboarding, an approval before and after payouts are enabled, a fee, a
-rejection, an all-paid job with an unused share, a dispute decided each way. One server for the whole story; the
+rejection, an all-paid job with an unused share, a dispute decided each way; and of section 20 the Connect event
+signed with its own secret and a chargeback lost while a transfer waited. One server for the whole story; the
 sweep is the `marketplace.py sweep` command (its own process, on the same database), run when the story says.
 The server's clock cannot be moved: where time must pass, the database is told it did. Only 127.0.0.1."""
 
@@ -26,6 +27,7 @@ def test_the_stripe_rail_end_to_end_on_the_real_server(tmp_path, fake_stripe):  
     db = tmp_path / 'stripe.db'
     env = {'MARKETPLACE_STRIPE_SECRET_KEY': fake_stripe.secret_key,
            'MARKETPLACE_STRIPE_WEBHOOK_SECRET': fake_stripe.webhook_secret,
+           'MARKETPLACE_STRIPE_CONNECT_WEBHOOK_SECRET': fake_stripe.connect_webhook_secret,
            'MARKETPLACE_STRIPE_API_BASE': fake_stripe.url}
 
     def sweep():
@@ -93,7 +95,10 @@ def test_the_stripe_rail_end_to_end_on_the_real_server(tmp_path, fake_stripe):  
         assert (release['status'], release['amount'], fee['amount'], fee['status']) == \
             ('pending', '90.00', '10.00', 'confirmed')
         assert sweep()['stripePayments']['waiting'] == 1 and fake_stripe.transfer_list() == []
-        w.webhook('account.updated', fake_stripe.enable_payouts(account), account=account)
+        # account.updated comes from the Connect endpoint, signed with its own secret (CONTRACT.md 20)
+        payload, signature = fake_stripe.connect_event('account.updated', fake_stripe.enable_payouts(account), account)
+        updated = w.call('POST', '/api/stripe/webhook', payload, headers={'Stripe-Signature': signature})
+        assert (updated.status_code, updated.json()['outcome']) == (200, 'recorded'), updated.text
         assert sweep()['stripePayments']['sent'] == 1
         [transfer] = fake_stripe.transfer_list()
         assert (transfer['amount'], transfer['destination'], transfer['transfer_group']) == \
@@ -151,6 +156,28 @@ def test_the_stripe_rail_end_to_end_on_the_real_server(tmp_path, fake_stripe):  
         backdate('UPDATE jobs SET created_at = :then WHERE id = :id', then=ago(minutes=2), id=lost['id'])
         assert sweep()['checkouts']['opened'] == [lost['id']]
         assert w.call('GET', f'/api/jobs/{lost["id"]}').json()['job']['status'] == 'open'
+
+        # Card money that goes back (CONTRACT.md 20): a dispute holds a transfer decided meanwhile; lost, the job is
+        # cancelled, charged_back, with no transfer and no Refund.
+        charged, session = post(paymentAmount='8.00')
+        paid = fake_stripe.complete(session)
+        w.webhook('checkout.session.completed', paid)
+        dispute = fake_stripe.dispute(fake_stripe.payment_intent(paid['payment_intent'])['latest_charge'])
+        assert w.webhook('charge.dispute.created', dispute)['outcome'] == 'held'
+        claim = w.deliver(charged, w.claim(charged))
+        assert w.call('POST', f'/api/jobs/{charged["id"]}/verify', {'claimId': claim['id'], 'approved': True},
+                      w.requester_key).status_code == 200
+        assert sweep()['stripePayments']['sent'] == 0
+        assert (detail(charged)['job']['escrowStatus'], detail(charged)['job']['needsAdmin']) == ('held', True)
+        assert w.webhook('charge.dispute.closed', fake_stripe.close_dispute(dispute['id'], 'lost'))['outcome'] == \
+            'charged_back'
+        sweep()
+        shown = detail(charged)
+        assert (shown['job']['status'], shown['job']['escrowStatus']) == ('cancelled', 'charged_back')
+        assert [(p['type'], p['status']) for p in shown['payments']] == [
+            ('escrow', 'confirmed'), ('release', 'cancelled'), ('fee', 'cancelled'), ('refund', 'confirmed')]
+        assert [s['reference'] for s in shown['timeline'] if s['kind'] == 'stripe'][-2:] == [dispute['id']] * 2
+        assert (len(fake_stripe.transfer_list()), len(fake_stripe.refund_list())) == (3, 3)
 
         keys = [entry['idempotency_key'] for entry in fake_stripe.log
                 if entry['path'] in ('/v1/transfers', '/v1/refunds') and not entry['replayed']
