@@ -262,8 +262,9 @@ def test_a_failing_receiver_gets_the_event_on_the_third_attempt(tmp_path, receiv
         assert bodies[0] == bodies[1] == bodies[2]
         assert bodies[0]['type'] == 'job.new' and bodies[0]['data']['jobId'] == job['id']
         # The first retry waits the base interval (0.2 s ± 20 %); the second honours Retry-After: 1.
-        assert 0.15 <= attempts[1]['at'] - attempts[0]['at'] < 1.0
-        assert 1.0 <= attempts[2]['at'] - attempts[1]['at'] < 2.5
+        # (The upper bounds only generous: a retry's timer may run late under load.)
+        assert 0.15 <= attempts[1]['at'] - attempts[0]['at'] < 2.5
+        assert 1.0 <= attempts[2]['at'] - attempts[1]['at'] < 5.0
 
         def settled():
             log = delivery_log(server, agent['id'], key)
