@@ -145,7 +145,8 @@ def test_1100_half_sent_header_blocks_from_one_address_leave_health_fast(server)
     assert open_count == 0
     # Against health before the attack, not a figure in ms (load on the machine slows both alike); one held
     # behind the attackers would wait for their header time-out.
-    assert len(timings) >= 15 and statistics.median(timings) < 10 * usual, (usual, timings)
+    # (a probe after each 100 opened and at least one while they are held: how many more depends on load)
+    assert len(timings) >= 12 and statistics.median(timings) < 10 * usual, (usual, timings)
     assert max(timings) < HEADER_TIMEOUT, (usual, timings)
     refused = [attacker for attacker in attackers if not attacker.answer]
     kept = [attacker for attacker in attackers if attacker.answer]
