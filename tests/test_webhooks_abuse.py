@@ -160,9 +160,12 @@ def test_a_job_post_with_20000_webhook_agents_waits_for_none_of_them(tmp_path):
         assert statistics.median(crowded) < 25 * statistics.median(alone), (crowded, alone)
 
         expected = 6 * agents
-        deadline = time.monotonic() + 120
-        while count_deliveries(path)[0] < expected and time.monotonic() < deadline:
+        made, stalled = 0, time.monotonic() + 30        # waits as long as the fan-out moves (slower under load)
+        while made < expected and time.monotonic() < stalled:
             time.sleep(0.5)
+            now_made = count_deliveries(path)[0]
+            if now_made > made:
+                made, stalled = now_made, time.monotonic() + 30
         assert count_deliveries(path) == (expected, expected)       # every one made, none twice
         health = requests.get(server.url + '/api/health', timeout=TIMEOUT)
         assert health.status_code == 200
