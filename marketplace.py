@@ -4960,6 +4960,9 @@ class WebhookWorker:
             return
         agents = [agent for agent in self.due_agents(moment, free + len(self.agents))
                   if self.agents.get(agent, 0) < self.per_agent]
+        # those with nothing in flight first: receivers not yet known to fail (a first attempt hanging) cannot
+        # fill the pool ahead of a live one
+        agents.sort(key=lambda agent: self.agents.get(agent, 0))
         for rounds in (1, self.per_agent):          # one each first, then up to the per-agent cap
             for agent in agents:
                 room = min(rounds, self.per_agent) - self.agents.get(agent, 0)

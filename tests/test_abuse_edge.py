@@ -4,6 +4,7 @@ account, 400 for any time out of range, ASCII money, JSON-only open registration
 
 import io
 import json
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -199,9 +200,12 @@ def test_depth_rules_hold_after_parsing():
 
 
 def test_the_depth_check_of_a_1_mib_body_costs_no_more_than_parsing():
-    """The byte scan it replaced took about 270 ms on 1 MiB of brackets, several times orjson's parse."""
+    """The byte scan it replaced took about 270 ms on 1 MiB of brackets, several times orjson's parse. Times
+    compared with times of the same run, none with a figure: parsing the first body (1 MiB of nested arrays,
+    ~100 ms) is the unit for the bodies orjson parses in a millisecond."""
     bodies = [b'{"a": [' + b'[0],' * 262_000 + b'0]}', b'{"a": "' + b'[' * (mp.MAX_BODY - 20) + b'"}',
               b'[' + b','.join([b'[' * 31 + b']' * 31] * 16_000) + b']', b'{"a": "' + b'\\"[' * 340_000 + b'"}']
+    unit = None
     for raw in bodies:
         assert len(raw) <= mp.MAX_BODY
         parse, check = [], []
@@ -212,7 +216,8 @@ def test_the_depth_check_of_a_1_mib_body_costs_no_more_than_parsing():
             started = time.perf_counter()
             assert mp.utf8_json_nested_deeper_than(raw, mp.MAX_JSON_DEPTH) is False
             check.append(time.perf_counter() - started)
-        assert min(check) <= max(2 * min(parse), 0.05), (raw[:20], parse, check)
+        unit = unit or min(parse)
+        assert min(check) <= max(2 * min(parse), unit), (raw[:20], parse, check)
     assert mp.utf8_json_nested_deeper_than(b'[' + b'[' * 32 + b']' * 32 + b']', 32) is True
 
 
@@ -250,9 +255,15 @@ def test_agents_match_pages_20000_agents_fast(app, client):
     account, _ = make_account(client, 'fleet')
     insert_agents(app, 20_000, account['id'])
     client.get('/api/agents/match?category=code&limit=1')       # warm the caches
-    started = time.perf_counter()
-    answer = client.get('/api/agents/match?category=code&language=python&limit=20&offset=40')
-    took = time.perf_counter() - started
+    handed = []         # the rows SQLite hands to Python (work, not time: scoring 20,000 in Python took 1.4 s)
+    db = app.service.db
+    for connection in (db.conn, db.reads):
+        connection.row_trace = lambda cursor, row: handed.append(row) or row
+    try:
+        answer = client.get('/api/agents/match?category=code&language=python&limit=20&offset=40')
+    finally:
+        for connection in (db.conn, db.reads):
+            connection.row_trace = None
     assert answer.status == 200, answer
     body = answer.json
     assert (body['total'], body['limit'], body['offset'], len(body['matches'])) == (10_000, 20, 40, 20)
@@ -260,7 +271,7 @@ def test_agents_match_pages_20000_agents_fast(app, client):
     assert scores == sorted(scores, reverse=True)
     # only the coders (the others' categories exclude code), best reputation first: 99.99, 99.99, 99.97, ...
     assert [agent['reputationScore'] for agent in body['matches'][:3]] == ['99.59', '99.59', '99.57']
-    assert took < 0.15, took
+    assert 40 <= len(handed) <= 50, len(handed)      # the page scored and ranked in SQL, then its 20 agents read
     clamped = client.get('/api/agents/match?category=code&limit=500').json
     assert (clamped['limit'], len(clamped['matches'])) == (200, 200)
     past = client.get('/api/agents/match?category=code&offset=10000').json
@@ -467,23 +478,29 @@ ATTACK = textwrap.dedent('''
 ''')
 
 
-def health_p99_under_attack(server, key, paths, seconds=3.0):
-    """Push 1 MiB bodies from 8 threads of another process for `seconds` while this one times GET /api/health:
-    (p99 in seconds, {status: count} of the attack)."""
-    attacker = subprocess.Popen([sys.executable, '-c', ATTACK, str(server.port), key, str(seconds), *paths],
-                                stdout=subprocess.PIPE, text=True)
+def health_times(server, session, seconds):
+    """GET /api/health every 10 ms for `seconds`: the time of each (each must be 200)."""
     timings = []
-    session = requests.Session()
-    time.sleep(0.3)
-    end = time.monotonic() + seconds - 0.5
+    end = time.monotonic() + seconds
     while time.monotonic() < end:
         started = time.perf_counter()
         assert session.get(server.url + '/api/health', timeout=5).status_code == 200
         timings.append(time.perf_counter() - started)
         time.sleep(0.01)
+    return timings
+
+
+def health_under_attack(server, key, paths, seconds=3.0):
+    """Time GET /api/health for 1.5 s, then push 1 MiB bodies from 8 threads of another process for `seconds`
+    while timing it again: (health's times before, during, {status: count} of the attack)."""
+    session = requests.Session()
+    before = health_times(server, session, 1.5)
+    attacker = subprocess.Popen([sys.executable, '-c', ATTACK, str(server.port), key, str(seconds), *paths],
+                                stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    during = health_times(server, session, seconds - 0.5)
     out, _ = attacker.communicate(timeout=30)
-    timings.sort()
-    return timings[int(len(timings) * 0.99) - 1], json.loads(out)
+    return before, during, json.loads(out)
 
 
 @pytest.fixture(scope='module')
@@ -509,11 +526,15 @@ def test_heavy_bodies_from_a_member_leave_health_fast(disputed_db, scale, expect
     # its access log goes to a pipe: drained, or the server blocks once the pipe is full
     threading.Thread(target=server.process.stdout.read, daemon=True).start()
     try:
-        p99, statuses = health_p99_under_attack(
+        before, during, statuses = health_under_attack(
             server, member, [f'/api/disputes/{dispute_id}', f'/api/arbitrators/{uuid.uuid4()}'])
     finally:
         server.process.kill()
         server.process.wait(10)
     assert set(statuses) == expected, statuses
     assert sum(statuses.values()) > 40, statuses
-    assert p99 < 0.05, p99
+    # Against health before the attack in the same test, not a figure in ms (load on the machine slows both): a
+    # server that read and scanned the bodies would hold health behind each one (a scan took ~270 ms).
+    usual = statistics.median(before)
+    assert statistics.median(during) < 15 * usual, (usual, sorted(during))
+    assert sorted(during)[int(len(during) * 0.99) - 1] < 50 * usual, (usual, sorted(during))

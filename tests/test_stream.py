@@ -312,7 +312,7 @@ def test_idle_streams_get_heartbeats_with_json_data(server, streams):
         assert mp.parse_time(beat.data['time'])      # an ISO time
         assert beat.id is None
     gaps = [later.at - earlier.at for earlier, later in zip(beats, beats[1:])]
-    assert all(0.15 < gap < 1.0 for gap in gaps), gaps
+    assert all(0.15 < gap < 10 * HEARTBEAT for gap in gaps), gaps     # upper: generous (timers run late under load)
 
 
 def test_every_event_has_a_json_data_line(tmp_path):
@@ -351,7 +351,7 @@ def test_a_stream_ends_with_timeout_after_its_maximum_duration(tmp_path, streams
         event = stream.next_not_heartbeat(timeout=4)
         assert event.event == 'timeout'
         assert event.data == {'reason': 'the maximum duration was reached', 'reconnect': True}
-        assert 1.3 < event.at - opened < 2.5
+        assert 1.3 < event.at - opened < 4.5             # upper: generous (a timer runs late under load)
         assert stream.next(timeout=2) == END          # nothing after timeout: the response is complete
         assert stream.tcp_closed.wait(2), 'the server kept the connection open after the timeout event'
     finally:
@@ -507,7 +507,7 @@ def test_in_process_stream_is_connected_then_timeout(short_app):
     assert events[0].data == {'filters': {'categories': ['code', 'data'], 'min_pay': '10.50'},
                               'heartbeatSeconds': 30.0, 'maxSeconds': 0.2}
     assert events[1].data == {'reason': 'the maximum duration was reached', 'reconnect': True}
-    assert 0.15 < took < 2
+    assert 0.15 < took < 10         # it ended at its maximum (upper: only generous; the heartbeat is 30 s)
 
 
 def test_in_process_since_replays_before_timeout(short_app):

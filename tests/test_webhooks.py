@@ -612,7 +612,7 @@ def test_a_slow_receiver_times_out_and_is_retried(client, app, settings, request
     receiver.script = [(200, {}, 2)]
     started = time.monotonic()
     assert attempt(app, row['id']) == 'pending'
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 2      # cut before the receiver's answer at 2 s (no status code below)
     after = delivery(app, row['id'])
     assert (after['attempts'], after['last_status_code']) == (1, None)
     assert after['last_error'] == 'no HTTP answer (could not connect, or no answer in time)'      # the one error of every attempt without an answer

@@ -8,6 +8,7 @@ are one socket on 127.0.0.1 that accepts every connection and never answers.
 
 import json
 import socket
+import statistics
 import threading
 import time
 
@@ -115,7 +116,8 @@ def test_150_dead_receivers_do_not_delay_a_live_one(tmp_path, receiver):
             arrived = receiver.wait_for(round_number + 1, timeout=10)[round_number]
             assert json.loads(arrived['body'])['data']['jobId'] == job_id
             assert json.loads(arrived['body'])['data']['agentId'] == agent['id']
-            assert arrived['at'] - answered < 2.0, f'job.new arrived {arrived["at"] - answered:.2f} s after the 201'
+            # one that waited behind a dead receiver would come after its 10 s time-out: half of it is generous
+            assert arrived['at'] - answered < 5.0, f'job.new arrived {arrived["at"] - answered:.2f} s after the 201'
         # The dead ones are being tried meanwhile (held, unanswered), 150 connections at least.
         deadline = time.monotonic() + 5
         while len(dead.held) < 150 and time.monotonic() < deadline:
@@ -126,30 +128,48 @@ def test_150_dead_receivers_do_not_delay_a_live_one(tmp_path, receiver):
         dead.close()
 
 
-def test_a_job_post_with_20000_webhook_agents_answers_in_50_ms(tmp_path):
+def test_a_job_post_with_20000_webhook_agents_waits_for_none_of_them(tmp_path):
+    """The post writes one outbox row, not 20,000 deliveries: at its 201 the fan-out has not finished, and its
+    median time is within a generous factor of a post's on a server with no agent (timed in turns, so that load
+    on the machine slows both alike; the 20,000 deliveries written in the request would cost a hundred times)."""
     dead = DeadReceiver()
     path = tmp_path / 'crowd.db'
     agents = 20_000
     key = seed_agents(path, agents, lambda i: dead.url(f'hook-{i}'))
+    bare_key = seed_agents(tmp_path / 'bare.db', 0, None)
     server = LiveServer(path, ['--allow-private-webhooks']).start()
+    bare = LiveServer(tmp_path / 'bare.db', ['--allow-private-webhooks']).start()
     Output(server)
+    Output(bare)
     try:
-        post_job(server, key, 'warm-up')        # the first request of a process pays for imports and caches
-        times = []
+        answer, _ = post_job(server, key, 'warm-up')    # the first request of a process pays for imports and caches
+        assert answer.status_code == 201, answer.text
+        assert count_deliveries(path)[0] < agents       # answered before its deliveries were all written
+        post_job(bare, bare_key, 'warm-up')
+        crowded, alone = [], []
         for i in range(5):
             answer, seconds = post_job(server, key, f'crowded {i}')
             assert answer.status_code == 201, answer.text
-            times.append(seconds)
+            crowded.append(seconds)
+            answer, seconds = post_job(bare, bare_key, f'alone {i}')
+            assert answer.status_code == 201, answer.text
+            alone.append(seconds)
             time.sleep(0.02)        # the fan-out of the posts before is under way
-        assert max(times) < 0.050, [f'{t * 1000:.1f} ms' for t in times]
+        print(f'\na post: {statistics.median(crowded) * 1000:.1f} ms (median) with 20,000 webhook agents, '
+              f'{statistics.median(alone) * 1000:.1f} ms with none')
+        assert statistics.median(crowded) < 25 * statistics.median(alone), (crowded, alone)
 
         expected = 6 * agents
-        deadline = time.monotonic() + 120
-        while count_deliveries(path)[0] < expected and time.monotonic() < deadline:
+        made, stalled = 0, time.monotonic() + 30        # waits as long as the fan-out moves (slower under load)
+        while made < expected and time.monotonic() < stalled:
             time.sleep(0.5)
+            now_made = count_deliveries(path)[0]
+            if now_made > made:
+                made, stalled = now_made, time.monotonic() + 30
         assert count_deliveries(path) == (expected, expected)       # every one made, none twice
         health = requests.get(server.url + '/api/health', timeout=TIMEOUT)
         assert health.status_code == 200
     finally:
         server.kill()
+        bare.kill()
         dead.close()

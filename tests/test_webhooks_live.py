@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import json
 import re
+import statistics
 import threading
 import time
 import uuid
@@ -261,8 +262,9 @@ def test_a_failing_receiver_gets_the_event_on_the_third_attempt(tmp_path, receiv
         assert bodies[0] == bodies[1] == bodies[2]
         assert bodies[0]['type'] == 'job.new' and bodies[0]['data']['jobId'] == job['id']
         # The first retry waits the base interval (0.2 s ± 20 %); the second honours Retry-After: 1.
-        assert 0.15 <= attempts[1]['at'] - attempts[0]['at'] < 1.0
-        assert 1.0 <= attempts[2]['at'] - attempts[1]['at'] < 2.5
+        # (The upper bounds only generous: a retry's timer may run late under load.)
+        assert 0.15 <= attempts[1]['at'] - attempts[0]['at'] < 2.5
+        assert 1.0 <= attempts[2]['at'] - attempts[1]['at'] < 5.0
 
         def settled():
             log = delivery_log(server, agent['id'], key)
@@ -444,16 +446,26 @@ def test_410_disables_the_webhook_until_the_url_is_set_again(tmp_path, receiver)
 # 5. A hanging receiver never slows the API -----------------------------------
 
 def test_a_hanging_receiver_never_slows_the_api(tmp_path, receiver):
+    """Timed against the same calls before any delivery hangs (medians, a generous factor: load on the machine
+    slows both alike), and no single call as long as the 3 s time-out a call held by a hanging delivery waits."""
     script_length = 500
     receiver.script = [(200, {}, 3.5)] * script_length       # every request hangs past the 3 s timeout
     server = start(tmp_path / 'slow.db', *PRIVATE, *FAST_RETRIES, '--webhook-timeout', '3')
+    hung = 3.0
     try:
         _, requester_key = new_account(server, 'requester')
+        calls = {'post': lambda title: post(server.url + '/api/jobs', job_body(title=title), requester_key),
+                 'health': lambda _: requests.get(server.url + '/api/health', timeout=TIMEOUT),
+                 'jobs': lambda _: requests.get(server.url + '/api/jobs', timeout=TIMEOUT)}
+        usual = {name: statistics.median(timed(lambda: call(f'before {i}'))[1] for i in range(5))
+                 for name, call in calls.items()}
+        took = {name: [] for name in calls}
         agent, key, _ = register_hooked(server, 'worker', receiver.url)
         for i in range(10):
-            answer, seconds = timed(lambda: post(server.url + '/api/jobs', job_body(title=f'slow {i}'), requester_key))
+            answer, seconds = timed(lambda: calls['post'](f'slow {i}'))
             assert answer.status_code == 201, answer.text
-            assert seconds < 1.0, f'POST /api/jobs took {seconds:.2f} s'
+            assert seconds < hung, f'POST /api/jobs took {seconds:.2f} s'
+            took['post'].append(seconds)
 
         # The receiver pops its script as each request arrives: as many deliveries hang as one agent may have
         # in flight (the rest of the agent's ten wait, and no other agent's deliveries would).
@@ -462,15 +474,18 @@ def test_a_hanging_receiver_never_slows_the_api(tmp_path, receiver):
         assert script_length - len(receiver.script) == 4     # the per-agent limit holds
         assert receiver.requests == []       # none has been answered yet
         for _ in range(3):
-            health, seconds = timed(lambda: requests.get(server.url + '/api/health', timeout=TIMEOUT))
+            health, seconds = timed(lambda: calls['health'](None))
             assert health.status_code == 200 and health.json()['status'] == 'ok'
-            assert seconds < 1.0, f'GET /api/health took {seconds:.2f} s'
-            jobs, seconds = timed(lambda: requests.get(server.url + '/api/jobs', timeout=TIMEOUT))
+            assert seconds < hung, f'GET /api/health took {seconds:.2f} s'
+            took['health'].append(seconds)
+            jobs, seconds = timed(lambda: calls['jobs'](None))
             assert jobs.status_code == 200 and jobs.json()['total'] >= 10
-            assert seconds < 1.0, f'GET /api/jobs took {seconds:.2f} s'
-        answer, seconds = timed(lambda: post(server.url + '/api/jobs', job_body(title='while hanging'), requester_key))
+            assert seconds < hung, f'GET /api/jobs took {seconds:.2f} s'
+            took['jobs'].append(seconds)
+        answer, seconds = timed(lambda: calls['post']('while hanging'))
         assert answer.status_code == 201, answer.text
-        assert seconds < 1.0, f'POST /api/jobs took {seconds:.2f} s'
+        assert seconds < hung, f'POST /api/jobs took {seconds:.2f} s'
+        took['post'].append(seconds)
 
         # The test event to the hanging receiver gives up after the timeout; meanwhile the API answers.
         outcome = {}
@@ -483,20 +498,23 @@ def test_a_hanging_receiver_never_slows_the_api(tmp_path, receiver):
         tester.start()
         answered_meanwhile = 0
         while tester.is_alive():
-            health, seconds = timed(lambda: requests.get(server.url + '/api/health', timeout=TIMEOUT))
+            health, seconds = timed(lambda: calls['health'](None))
             assert health.status_code == 200
-            assert seconds < 1.0, f'GET /api/health took {seconds:.2f} s during the webhook test'
+            assert seconds < hung, f'GET /api/health took {seconds:.2f} s during the webhook test'
+            took['health'].append(seconds)
             answered_meanwhile += 1
             time.sleep(0.1)
         tester.join()
         assert answered_meanwhile >= 10
+        for name, seconds in took.items():
+            assert statistics.median(seconds) < 10 * usual[name], (name, usual[name], seconds)
         answer = outcome['answer']
         assert answer.status_code == 200, answer.text
         result = answer.json()
         assert result == {'success': False, 'statusCode': 0, 'responseTime': result['responseTime'],
                           'webhookUrl': receiver.url, 'signed': True, 'error': 'no HTTP answer (could not connect, or no answer in time)'}
-        assert 2900 <= result['responseTime'] < 4500
-        assert 2.9 <= outcome['seconds'] < 5.0
+        assert 2900 <= result['responseTime'] < 8000            # cut at the 3 s time-out (late under load)
+        assert 2.9 <= outcome['seconds'] < 10.0
 
         # The hanging deliveries were cut off at the timeout and wait for a retry.
         def timed_out():
