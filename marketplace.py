@@ -617,7 +617,7 @@ MIGRATIONS = {
     7: {},      # idempotency keys (CONTRACT 14): schema.sql adds idempotency_keys, nothing else changes
     8: {},      # browser sessions (issue 23): schema.sql adds sessions, nothing else changes
     9: {        # round 3 (CONTRACT 20): see migrate_to_9; the admins of retired env keys become members
-        'before': migrate_to_9,
+        'before': lambda db: migrate_to_9(db),       # defined below, with the helpers it uses
         'after': '''UPDATE accounts SET role = 'member' WHERE role = 'admin'
                         AND id IN (SELECT account_id FROM api_keys WHERE from_env = 1 AND revoked_at IS NOT NULL)
                         AND id NOT IN (SELECT account_id FROM api_keys WHERE from_env = 1 AND revoked_at IS NULL);''',

@@ -640,8 +640,10 @@ def test_the_x402_clients_authorization_settles_on_chain(anvil, usdc):
     """Signed as the x402 client signs (validAfter ten minutes back), checked, then settled."""
     node = Chain(anvil.url)
     requirements = dict(REQUIREMENTS, payTo=Account.create().address)
+    now = int(time.time())      # as the client signs: the wall clock, which the next blocks follow too
+    # (after a revert the chain's clock restarts from the snapshot's block, minutes old late in a long session)
+    anvil.set_next_timestamp(max(now, anvil.timestamp() + 1))
     anvil.mint(PAYER, PRICE)
-    now = int(time.time())      # as the client signs: the wall clock, which the next block follows too
     payment = decode_payment_header(header_of(x402_client_payment(PAYER_KEY, requirements, now=now)))
     assert check(payment, token=requirements['asset'], pay_to=requirements['payTo'],
                  min_amount=int(requirements['maxAmountRequired']), now=now) == PAYER
