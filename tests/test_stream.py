@@ -249,7 +249,7 @@ def cancel(server, key, job):
 
 # Connecting, live jobs, latency ----------------------------------------------
 
-def test_connected_first_then_a_matching_job_within_a_second(server, key, streams):
+def test_connected_first_then_a_matching_job_before_any_later_heartbeat(server, key, streams):
     stream = open_stream(streams, server, 'categories=code')
     connected = stream.connected()
     assert connected.data == {'filters': {'categories': ['code'], 'min_pay': None},
@@ -257,11 +257,17 @@ def test_connected_first_then_a_matching_job_within_a_second(server, key, stream
 
     sent = time.monotonic()
     answer = post(server.url + '/api/jobs', job_body(title='Port the parser', paymentAmount='42.50'), key)
-    answered = time.monotonic()
+    answered, answered_iso = time.monotonic(), mp.now_iso()
     assert answer.status_code == 201, answer.text
     job = answer.json()['job']
 
-    event = stream.next_not_heartbeat()
+    # The job is queued on the stream before the POST is answered, and a heartbeat goes out only when the queue
+    # is empty: a heartbeat stamped after the answer, ahead of the job, would mean the job waited (say, for a
+    # poll). That is what is asserted, not a latency in ms, which load on the machine alone can stretch.
+    event = stream.next()
+    while event != END and event.event == 'heartbeat':
+        assert event.data['time'] <= answered_iso, f'a heartbeat at {event.data["time"]} came before the job'
+        event = stream.next()
     assert event.event == 'job.new'
     assert event.id == job['id']
     assert event.data['id'] == job['id']
@@ -274,7 +280,6 @@ def test_connected_first_then_a_matching_job_within_a_second(server, key, stream
     latency = event.at - answered
     print(f'\njob.new arrived {latency * 1000:+.1f} ms after the POST answer '
           f'({(event.at - sent) * 1000:.1f} ms after the POST was sent)')
-    assert latency < 1.0
 
 
 def test_a_job_of_another_category_is_not_sent(server, key, streams):

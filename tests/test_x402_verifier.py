@@ -572,7 +572,7 @@ def test_wait_for_receipt_times_out_as_chain_unavailable(node):
     started = time.monotonic()
     with pytest.raises(ChainUnavailable) as raised:
         Chain(NODE_URL).wait_for_receipt(tx_hash_of('never'), 0.3, poll=0.05)
-    assert 0.3 <= time.monotonic() - started < 2
+    assert 0.3 <= time.monotonic() - started < 10      # waited its 0.3 s, and was cut (not a latency figure)
     assert 'not mined within 0.3 seconds' in raised.value.message
     assert 3 <= node.count('eth_getTransactionReceipt') <= 8
 
