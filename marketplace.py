@@ -4907,8 +4907,9 @@ def deliver_webhook(db, settings, session, delivery_id):
 class WebhookWorker:
     """Delivers the outbox fairly: every quarter second it starts due deliveries in their own greenlets, taking
     agents round-robin (each one's oldest due first, one per agent before any agent gets a second), at most
-    `per_agent` in flight per agent and `per_account` per account, and receivers that have been failing at
-    most half the pool: a slow or dead receiver delays only itself."""
+    `per_agent` in flight per agent and `per_account` per account, receivers that have been failing at most half
+    the pool, and a second delivery in flight to one receiver never the last quarter: a slow or dead receiver
+    delays only itself."""
 
     def __init__(self, service, concurrency=None, per_agent=4, per_account=8):
         import gevent.pool
@@ -4916,6 +4917,7 @@ class WebhookWorker:
         self.size = concurrency or service.settings.webhook_concurrency
         self.pool = gevent.pool.Pool(self.size)
         self.per_agent, self.per_account = per_agent, per_account
+        self.reserve = self.size // 4      # slots only a receiver with nothing in flight may take
         self.busy = set()
         self.agents = {}        # agent id -> deliveries in flight
         self.accounts = {}      # account id -> deliveries in flight
@@ -4960,8 +4962,9 @@ class WebhookWorker:
             return
         agents = [agent for agent in self.due_agents(moment, free + len(self.agents))
                   if self.agents.get(agent, 0) < self.per_agent]
-        # those with nothing in flight first: receivers not yet known to fail (a first attempt hanging) cannot
-        # fill the pool ahead of a live one
+        # Those with nothing in flight first, and the last quarter of the pool is theirs alone: a receiver whose
+        # first attempt hangs is not known to fail yet, and its later deliveries (a job posted meanwhile) must not
+        # fill the pool ahead of a live receiver's (written a moment later by the fan-out)
         agents.sort(key=lambda agent: self.agents.get(agent, 0))
         for rounds in (1, self.per_agent):          # one each first, then up to the per-agent cap
             for agent in agents:
@@ -4969,8 +4972,11 @@ class WebhookWorker:
                 if room <= 0:
                     continue
                 for row in self.due_of(agent, moment, room):
-                    if not self.pool.free_count():
+                    free = self.pool.free_count()
+                    if not free:
                         return
+                    if self.agents.get(agent) and free <= self.reserve:
+                        break
                     failing = row['webhook_failures'] > 0
                     if (self.accounts.get(row['account_id'], 0) >= self.per_account
                             or (failing and self.failing >= self.size // 2)):

@@ -1467,3 +1467,22 @@ def test_the_worker_takes_agents_round_robin_within_the_caps(client, app, reques
     held = held_worker(app, 10)
     held.start_due()
     assert len(held.pool.started) == 5
+
+
+def test_the_last_quarter_of_the_pool_is_for_receivers_with_nothing_in_flight(client, app, requester):
+    """Six receivers whose first attempts hang (not failing yet: nothing has answered) each get a job posted
+    meanwhile; a live receiver's delivery, written a moment later, still finds a slot: second deliveries in flight
+    to one receiver never take the last quarter of the pool (test_webhooks_abuse's 150 dead receivers, at scale)."""
+    _, requester_key = requester
+    hanging = [worker(client, f'hanging{i}', f'https://hooks.example.com/h{i}')[2] for i in range(6)]
+    make_job(client, requester_key)
+    held = held_worker(app, 8)          # a quarter: 2 slots
+    held.start_due()
+    assert sorted(held.pool.started) == sorted(agent['id'] for agent in hanging)      # their first attempts
+    make_job(client, requester_key)      # the second job's deliveries to the six are due; only 2 slots are free
+    held.start_due()
+    assert len(held.pool.started) == 6                                              # none takes the last quarter
+    live = worker(client, 'live', 'https://hooks.example.com/live')[2]
+    make_job(client, requester_key)
+    held.start_due()
+    assert held.pool.started[6:] == [live['id']]        # the live receiver's first delivery finds its slot
