@@ -191,7 +191,7 @@ class StreamReader:
         self.answer.close()
 
 
-def test_a_job_posted_through_caddy_reaches_an_open_stream_within_a_second(proxied):
+def test_a_job_posted_through_caddy_reaches_an_open_stream_unbuffered(proxied):
     caddy, _, _ = proxied
     stream = StreamReader(caddy)
     try:
