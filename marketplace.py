@@ -339,6 +339,9 @@ SETTINGS = [
             '--replica-url); credentials from AWS_*'),
     Setting('primary_url', '', str,
             'on a read replica: the primary, where writes are sent with 307 (unset: they are 503 read_only)'),
+    Setting('max_replica_lag', 30.0, parse_positive(float),
+            'on a read replica: seconds behind the primary past which reads go to the primary (307) or are 503 '
+            'replica_lagging, health is 503, and the view of the replica is reopened'),
     Setting('url', 'http://127.0.0.1:8080', str, 'mcp: the API the MCP server calls (local or remote)'),
     Setting('api_key', '', str, 'mcp: the API key the MCP server acts with; best given as the env var'),
     Setting('mcp_timeout', 30.0, parse_positive(float), 'mcp: seconds one API call of the MCP server may take'),
@@ -528,6 +531,16 @@ class ReadOnlyReplica(APIError):
     status = 503
     code = 'read_only'
     message = 'This server is a read replica: it serves reads only; send writes to the primary.'
+
+
+class ReplicaLagging(APIError):
+    status = 503
+    code = 'replica_lagging'
+
+    def __init__(self, lag, max_lag):
+        super().__init__(f'This read replica is {lag} s behind its primary, more than {max_lag:g} s: it serves no '
+                         'reads until it catches up. Retry shortly, or read from the primary.',
+                         headers={'Retry-After': '5'}, extra={'lag': lag})
 
 
 class CommitFailed(Unavailable):
@@ -1063,9 +1076,25 @@ class ReplicaDatabase(Database):
     read_only = True
 
     def __init__(self, url):
-        self.path = replication.public_url(url)
+        self.url, self.path = url, replication.public_url(url)
         self.conn = self.reads = self.prepare(replication.open_read_replica(url))     # its one connection
         self.nobody_writing()
+
+    def reopen(self):
+        """A new view of the replica: a new connection through the extension, reading the replica as it is now,
+        in place of the old one (closed). The extension reads the replica while it opens, for as long as the store
+        takes: under the server that runs on a thread of gevent's pool, and the server goes on answering (from the
+        old view, or refusing while it lags). The swap itself never meets a query half-way: SQLite calls never
+        yield to gevent."""
+        from gevent import monkey
+        if monkey.is_module_patched('threading'):
+            import gevent
+            conn = gevent.get_hub().threadpool.apply(replication.open_read_replica, (self.url,))
+        else:
+            conn = replication.open_read_replica(self.url)
+        old, self.conn = self.conn, self.prepare(conn)
+        self.reads = self.conn
+        old.close()
 
     def close(self):
         self.conn.close()
@@ -4591,6 +4620,43 @@ def replica_lag(db):
     return None if beat is None else round(max(0.0, time.time() - beat / 1000), 1)
 
 
+def replica_lagging(service):
+    """A read replica's lag when it is over --max-replica-lag (it then serves no reads), else None."""
+    lag = replica_lag(service.db)
+    return lag if lag is not None and lag > service.settings.max_replica_lag else None
+
+
+def watch_replica_forever(service):
+    """On a read replica: every second, look at the lag. Past --max-replica-lag, reopen the view of the replica,
+    at most once per --max-replica-lag seconds, with one log line saying why: a litestream-vfs connection opened
+    before the primary's first compaction stops following at the second one and never catches up (0.5.17, an
+    upstream bug: README, "Read replicas"), while a new connection in the same process reads the replica as it is.
+    A primary whose Litestream stopped makes every replica lag too: reopening then changes nothing, and reads go
+    on being refused until the heartbeats arrive again."""
+    import gevent
+    limit, reopened, lagging = service.settings.max_replica_lag, -math.inf, False
+    while True:
+        gevent.sleep(REPLICA_POLL_SECONDS)
+        try:
+            lag = replica_lag(service.db)
+        except apsw.Error:
+            log.exception('reading the replica\'s lag failed; trying again')
+            continue
+        over = lag is not None and lag > limit
+        if over and time.monotonic() - reopened >= limit:
+            log.warning('read replica %s s behind its primary (over --max-replica-lag %g s): reads are refused, '
+                        'and its view of the replica is reopened', lag, limit)
+            try:
+                service.db.reopen()
+                service.replica_reopenings += 1
+            except Exception:
+                log.exception('reopening the replica failed; trying again in %g s', limit)
+            reopened = time.monotonic()
+        elif lagging and not over:
+            log.info('read replica caught up: %s s behind its primary; serving reads again', lag)
+        lagging = over
+
+
 def publish_replicated_jobs(db, hub, after_seq, waiting):
     """Offer the streams of a replica the jobs the primary made after `after_seq` that are open now, and those of
     `waiting` (seen pending_payment) that have opened since; the new (after_seq, waiting)."""
@@ -5633,6 +5699,12 @@ def health():
     if svc.replica and connected:
         health['replicaOf'] = svc.db.path
         health['lag'] = replica_lag(svc.db)
+        if health['lag'] is not None and health['lag'] > svc.settings.max_replica_lag:
+            # Over its limit: a proxy's health check takes it out of the pool until it catches up.
+            error = ReplicaLagging(health['lag'], svc.settings.max_replica_lag)
+            response.status = 503
+            response.set_header('Retry-After', '5')
+            health.update(status='lagging', error=error.message, code=error.code)
     if svc.settings.onchain:
         health['chain'] = svc.settings.onchain.health()
     if not connected:
@@ -5659,7 +5731,8 @@ def metrics_state(svc):
     return metrics.State(open_streams=len(svc.hub.streams), webhook_deliveries=deliveries, payments_pending=pending,
                          last_sweep_at=last_sweep[0], last_sweep_seconds=last_sweep[1],
                          chain_reachable=svc.settings.onchain.health()['reachable'] if svc.settings.onchain else None,
-                         database_bytes=sum(sizes))
+                         database_bytes=sum(sizes), replica_lag=replica_lag(db) if svc.replica else None,
+                         replica_reopenings=svc.replica_reopenings if svc.replica else None)
 
 
 @route('GET', '/metrics')
@@ -8870,6 +8943,7 @@ class Service:
             raise ValueError(STRIPE_NEEDS_WEBHOOK_SECRET)
         self.settings = settings
         self.replica = bool(settings.read_replica_of)   # reads only, from the primary's replica (ReplicaDatabase)
+        self.replica_reopenings = 0     # a replica's views reopened because it lagged (watch_replica_forever)
         if self.replica:
             self.db = ReplicaDatabase(settings.read_replica_of)
             check_replica_schema(self.db)
@@ -8999,16 +9073,28 @@ def priced_call(app):
     return ('GET', route.rule) in app.service.x402.prices
 
 
+# What a lagging replica still answers itself: its health (503, saying so), its metrics and the static files.
+LAG_EXEMPT = ('/api/health', '/metrics')
+
+
 def send_writes_to_primary(app):
     """On a read replica, before any route: a write (every method but GET and HEAD, and a call priced for x402)
     is sent to the same path and query on --primary-url with 307 (the client keeps the method and the body), or
-    refused with 503 read_only without it. A replica never answers a write itself."""
+    refused with 503 read_only without it. A replica never answers a write itself. While it lags more than
+    --max-replica-lag, a read goes the same way (503 replica_lagging without --primary-url): never stale data."""
+    error = None
     if request.method in READ_METHODS and not priced_call(app):
-        return
+        if request.path in LAG_EXEMPT or request.path.startswith('/static/'):
+            return
+        lag = replica_lagging(app.service)
+        if lag is None:
+            return
+        error = ReplicaLagging(lag, app.service.settings.max_replica_lag)
     primary = app.service.settings.primary_url
     if not primary:
-        error = ReadOnlyReplica()
-        raise bottle.HTTPResponse(json_bytes(error.body()), error.status, {'Content-Type': JSON_TYPE})
+        error = error or ReadOnlyReplica()
+        raise bottle.HTTPResponse(json_bytes(error.body()), error.status,
+                                  dict(error.headers, **{'Content-Type': JSON_TYPE}))
     # The request path always starts with '/' here: a request line's target need not (`POST .evil.example/x`,
     # `POST @evil.example/x`), and glued to the primary's URL it would name another host (CONTRACT.md 20).
     path = quote(request.environ['PATH_INFO'].encode('latin-1'), safe="/:@!$&'()*+,;=-._~")
@@ -9913,6 +9999,7 @@ def serve_replica(app, server, metrics_server, settings):
     fed from the replica; no sweep, webhook, fan-out, payout or heartbeat (the primary does all of that)."""
     import gevent
     jobs = gevent.spawn(replicated_jobs_forever, app.service)
+    watch = gevent.spawn(watch_replica_forever, app.service)
     writes = f'writes sent to {settings.primary_url}' if settings.primary_url else 'writes refused: no --primary-url'
     log.info('marketplace %s serving on http://%s:%s as a read replica of %s (%s)',
              __version__, settings.host, server.server_port, app.service.db.path, writes)
@@ -9920,6 +10007,7 @@ def serve_replica(app, server, metrics_server, settings):
     if metrics_server is not None:
         metrics_server.stop(timeout=1)
     jobs.kill()
+    watch.kill()
     app.service.close()
     log.info('stopped')
 

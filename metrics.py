@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import (CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Histogram, disable_created_metrics,
                                generate_latest)
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the text format every Prometheus reads (2.x and 3.x)
 UNMATCHED = '(unmatched)'               # the route label of a request that matched no route (404, 405)
@@ -31,6 +31,8 @@ class State:
     last_sweep_seconds: float = None    # how long it took
     chain_reachable: bool = None        # onchain mode only
     database_bytes: int = 0             # the database file and its WAL
+    replica_lag: float = None           # a read replica only: seconds behind its primary (None before a heartbeat)
+    replica_reopenings: int = None      # a read replica only: views reopened because it lagged
 
 
 class StateCollector:
@@ -67,6 +69,14 @@ class StateCollector:
                                     value=int(state.chain_reachable))
         yield GaugeMetricFamily('marketplace_database_bytes', 'Size of the SQLite database file and its WAL.',
                                 value=state.database_bytes)
+        if state.replica_lag is not None:
+            yield GaugeMetricFamily('marketplace_replica_lag_seconds',
+                                    "A read replica: seconds since the newest primary's heartbeat it can read.",
+                                    value=state.replica_lag)
+        if state.replica_reopenings is not None:
+            yield CounterMetricFamily('marketplace_replica_reopenings',
+                                      'A read replica: times its view of the replica was reopened because it '
+                                      'lagged more than --max-replica-lag.', value=state.replica_reopenings)
 
 
 class Metrics:

@@ -270,26 +270,32 @@ def exec_with_vfs_environment(url, endpoint, server_command):
     os.execve(server_command[0], server_command, env)
 
 
+VFS_LOADED = []     # the replica whose extension this process loaded (once: it registers the `litestream` VFS)
+
+
 def open_read_replica(url):
     """An apsw connection to the replica at `url`, read-only, through Litestream's VFS extension: it reads pages
     from the replica as queries need them (a small cache in memory) and looks for new LTX files every
     VFS_POLL_SECONDS. The process must have started in vfs_environment(url). It waits while the replica has no
     snapshot yet. After this, the process can open no other SQLite database: the extension's automatic hook fails
-    every connection that is not its own (litestream-vfs 0.5.17), so a replica opens this one connection only."""
+    every connection that is not its own (litestream-vfs 0.5.17), so a replica opens only connections of its own:
+    one, and a new one in its place when it lags (ReplicaDatabase.reopen)."""
     import apsw
     import litestream_vfs       # only here: litestream-vfs==0.5.17 (requirements.txt)
     if os.environ.get('LITESTREAM_REPLICA_URL', '').split('?')[0] != public_url(url):
         raise ReplicationError(f'the process did not start in the environment of {public_url(url)}')
-    loader = apsw.Connection(':memory:')
-    try:
-        loader.enable_load_extension(True)
-        loader.load_extension(litestream_vfs.loadable_path())
-    except apsw.Error as exc:
-        message = str(exc).split('failed to initialize replica client: ')[-1]
-        raise ReplicationError(f'the replica {public_url(url)} cannot be read: '
-                               f'{last_line(message, secrets(url))}') from None
-    finally:
-        loader.close()
+    if not VFS_LOADED:
+        loader = apsw.Connection(':memory:')
+        try:
+            loader.enable_load_extension(True)
+            loader.load_extension(litestream_vfs.loadable_path())
+        except apsw.Error as exc:
+            message = str(exc).split('failed to initialize replica client: ')[-1]
+            raise ReplicationError(f'the replica {public_url(url)} cannot be read: '
+                                   f'{last_line(message, secrets(url))}') from None
+        finally:
+            loader.close()
+        VFS_LOADED.append(url)
     try:
         return apsw.Connection(f'file:{VFS_NAME}?vfs=litestream',
                                flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)

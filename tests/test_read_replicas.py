@@ -20,7 +20,7 @@ import uuid
 import pytest
 import requests
 
-from conftest import ROOT, LiveServer, free_port, job_body
+from conftest import ADMIN_KEY, ROOT, LiveServer, free_port, job_body
 from test_replication import AWS_ENV, s3  # noqa: F401  (s3: the moto server fixture, one for this module)
 from test_server import Output, bearer, stop
 
@@ -34,9 +34,9 @@ PUBLIC_URL = 'http://market.test'       # every server builds the same absolute 
 REPLICA_URL = 's3://backups/cluster/marketplace'
 
 
-def replica_server(directory, name, endpoint, primary_url=None):
+def replica_server(directory, name, endpoint, primary_url=None, extra=()):
     """A read replica of REPLICA_URL, started (its --db is never used: nothing may create it)."""
-    args = ['--public-url', PUBLIC_URL, '--read-replica-of', REPLICA_URL, '--replica-endpoint', endpoint]
+    args = ['--public-url', PUBLIC_URL, '--read-replica-of', REPLICA_URL, '--replica-endpoint', endpoint, *extra]
     server = LiveServer(directory / f'{name}.db', args + (['--primary-url', primary_url] if primary_url else []),
                         env=AWS_ENV).start()
     server.out = Output(server)
@@ -323,6 +323,58 @@ def test_a_replica_restarted_while_the_primary_writes_catches_up(cluster, s3):  
     finally:
         if restarted is not None:
             stop(restarted)
+
+
+def metric(server, name):
+    """One sample's value from a server's /metrics (read with the admin key), or None when it is not there."""
+    text = requests.get(server.url + '/metrics', headers=bearer(ADMIN_KEY), timeout=TIMEOUT).text
+    found = re.search(rf'^{name} (\S+)$', text, re.M)
+    return float(found[1]) if found else None
+
+
+def test_a_lagging_replica_says_so_in_health_and_serves_no_stale_read(cluster, s3):  # noqa: F811
+    """The primary's Litestream stopped (SIGSTOP): no heartbeat reaches the replica. Past --max-replica-lag (6 s),
+    health is 503 lagging, a read is 307 to the primary (503 replica_lagging without --primary-url), its view is
+    reopened with one log line, and /metrics shows the lag; once Litestream goes on, it serves reads again and shows
+    the job posted meanwhile."""
+    primary, *_, directory = cluster
+    args = ['--max-replica-lag', '6']       # a replica is about 3 s behind at most: heartbeat, sync, poll
+    forwarding = replica_server(directory, 'lag-forwarding', s3, primary.url, args)
+    refusing = replica_server(directory, 'lag-refusing', s3, None, args)
+    key = account(primary)
+    try:
+        wait_until(lambda: call(forwarding, 'GET', '/api/health')['lag'] is not None, SEEN_WITHIN, 'a heartbeat')
+        assert metric(forwarding, 'marketplace_replica_reopenings_total') == 0
+        primary.process.send_signal(signal.SIGSTOP)         # the pid is Litestream's; the server is its child
+        try:
+            job = call(primary, 'POST', '/api/jobs', job_body(title='Posted while the replica lags'), key, 201)['job']
+            wait_until(lambda: requests.get(forwarding.url + '/api/health', timeout=TIMEOUT).status_code == 503,
+                       TIMEOUT, 'health 503')
+            health = requests.get(refusing.url + '/api/health', timeout=TIMEOUT)
+            assert (health.status_code, health.json()['status'], health.json()['code']) == \
+                (503, 'lagging', 'replica_lagging'), health.text
+            assert health.json()['lag'] > 6 and health.headers['Retry-After'] == '5'
+            answer = requests.get(forwarding.url + '/api/jobs?limit=5', timeout=TIMEOUT, allow_redirects=False)
+            assert (answer.status_code, answer.headers['Location']) == (307, primary.url + '/api/jobs?limit=5')
+            answer = requests.get(refusing.url + f'/api/jobs/{job["id"]}', timeout=TIMEOUT)
+            assert (answer.status_code, answer.json()['code'], answer.headers['Retry-After']) == \
+                (503, 'replica_lagging', '5'), answer.text
+            assert answer.json()['lag'] > 6
+            wait_until(lambda: metric(refusing, 'marketplace_replica_reopenings_total') == 1, TIMEOUT,
+                       'the view reopened')
+            assert metric(refusing, 'marketplace_replica_lag_seconds') > 6
+        finally:
+            primary.process.send_signal(signal.SIGCONT)
+        for replica in (forwarding, refusing):
+            wait_until(lambda: requests.get(replica.url + '/api/health', timeout=TIMEOUT).status_code == 200,
+                       TIMEOUT, 'caught up')
+            assert call(replica, 'GET', f'/api/jobs/{job["id"]}')['job']['title'] == 'Posted while the replica lags'
+    finally:
+        stop(forwarding)
+        stop(refusing)
+    lines = [line for line in refusing.out.text().splitlines() if 'max-replica-lag' in line]
+    assert lines and all('behind its primary (over --max-replica-lag 6 s): reads are refused, and its view of the '
+                         'replica is reopened' in line for line in lines), lines
 
 
 @pytest.mark.parametrize('target', ['/api/jobs', '@evil.example/api/jobs', '.evil.example/api/jobs',
