@@ -6,7 +6,7 @@ DB     ?= marketplace.db
 FUZZ_EXAMPLES ?= 200
 
 .DEFAULT_GOAL := help
-.PHONY: help run serve seed test fuzz bench contracts clean
+.PHONY: help run serve seed test test-replicas fuzz bench contracts clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ seed: $(VENV)/stamp  ## load the demo fixtures into a new database (DB=marketpla
 
 test: $(VENV)/stamp node_modules/.stamp  ## run the whole test suite
 	$(PY) -m pytest -q
+
+test-replicas: $(VENV)/stamp node_modules/.stamp  ## the 11-minute test of a replica started before the primary's first compaction
+	MARKETPLACE_TEST_REPLICAS=1 $(PY) -m pytest -q tests/test_replica_freeze.py
 
 fuzz: $(VENV)/stamp  ## long fuzzing, not in make test: the state machine (500 runs) and each API operation (FUZZ_EXAMPLES=200)
 	HYPOTHESIS_PROFILE=fuzz SCHEMATHESIS_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider \

@@ -8047,7 +8047,9 @@ API_SCHEMAS = {
 
     # Responses
     'Health': closed_object({
-        'status': {'type': 'string', 'enum': ['ok', 'unavailable']},
+        'status': {'type': 'string', 'enum': ['ok', 'unavailable', 'lagging'],
+                   'description': 'lagging: a read replica more than --max-replica-lag seconds behind its primary '
+                                  '(503): it serves no reads until it catches up.'},
         'version': {'type': 'string', 'examples': [__version__]},
         'dbConnected': {'type': 'boolean'},
         'payments': {'type': 'string', 'enum': ['simulated', 'onchain'], 'description': 'The base rail (as rails.base).'},
@@ -8069,7 +8071,7 @@ API_SCHEMAS = {
                                         'see (its heartbeat, written every --heartbeat-interval seconds); null '
                                         'before the first.'}),
         'error': {'type': 'string', 'description': 'Only on the 503: what is wrong.'},
-        'code': {'type': 'string', 'enum': ['unavailable'], 'description': 'Only on the 503.'},
+        'code': {'type': 'string', 'enum': ['unavailable', 'replica_lagging'], 'description': 'Only on the 503.'},
         'chain': closed_object({
             'chainId': {'type': 'integer'}, 'latestBlock': nullable({'type': 'integer'}),
             'escrowAddress': ADDRESS_SCHEMA, 'usdcAddress': ADDRESS_SCHEMA, 'reachable': {'type': 'boolean'},
@@ -8343,10 +8345,14 @@ then `job.new` for each matching new job (data: a job summary; `id:` set so that
 API_OPERATIONS = {
     ('GET', '/api/health'): {
         'summary': 'Health of the service and its database', 'tags': ['System'],
-        'ok': (200, 'Health'), 'errors': (), 'also': {503: ('Health', 'The database is unreachable.')},
+        'ok': (200, 'Health'), 'errors': (),
+        'also': {503: ('Health', 'The database is unreachable, or a read replica lags more than --max-replica-lag '
+                                 '(status lagging, with Retry-After).')},
         'description': 'Not rate-limited, so that monitors and load balancers can probe it. `role` says whether '
                        'this server is the primary or a read replica (`--read-replica-of`), which also says `lag`: '
-                       'the seconds since the newest change of the primary it can see.'},
+                       'the seconds since the newest change of the primary it can see. A replica whose lag is over '
+                       '--max-replica-lag answers 503 `lagging` here, and every read elsewhere 307 to its primary '
+                       '(or 503 `replica_lagging`), until it catches up.'},
     ('GET', '/api/x402'): {
         'summary': 'The endpoints priced for x402, their prices and how to pay', 'tags': ['Payments'],
         'ok': (200, 'X402Info'), 'errors': (429,)},
@@ -8871,7 +8877,9 @@ def openapi_document(base_url, prices=()):
         operation['responses'] = {status: with_request_id(answer) for status, answer in operation['responses'].items()}
         paths.setdefault(openapi_path(path), {})[method.lower()] = operation
     responses = {'Error': {'description': 'Any other error, e.g. 500, or 503 when the database is busy (or, behind '
-                                          'a proxy, when this client has --max-requests-per-client in flight).',
+                                          'a proxy, when this client has --max-requests-per-client in flight; on a '
+                                          'read replica, read_only for a write without --primary-url and '
+                                          'replica_lagging while it lags more than --max-replica-lag).',
                            'content': json_content('Error')}}
     for name, description, headers in ERROR_RESPONSES.values():
         responses[name] = {'description': description, 'content': json_content('Error')}

@@ -377,6 +377,43 @@ def test_a_lagging_replica_says_so_in_health_and_serves_no_stale_read(cluster, s
                          'replica is reopened' in line for line in lines), lines
 
 
+def test_the_replicas_caddyfile_routes_reads_around_a_lagging_replica_then_to_the_primary(cluster, s3, tmp_path):  # noqa: F811,E501
+    """The primary's Litestream stopped: replica A (--max-replica-lag 6) lags first, and Caddy's health check leaves it
+    out, so reads keep being answered by B; once B lags too (20 s), reads go to the primary rather than fail."""
+    if shutil.which('caddy') is None:
+        pytest.skip('caddy is not installed: sudo apt-get install caddy')
+    primary, *_, directory = cluster
+    first = replica_server(directory, 'lags-first', s3, None, ['--max-replica-lag', '6'])
+    later = replica_server(directory, 'lags-later', s3, None, ['--max-replica-lag', '20'])
+    process, url, root = caddy_in_front(tmp_path, primary, [first, later])
+
+    def read(path):
+        return requests.get(url + path, verify=root, timeout=TIMEOUT)
+
+    def health(server):
+        return requests.get(server.url + '/api/health', timeout=TIMEOUT).status_code
+    try:
+        wait_until(lambda: health(first) == health(later) == 200, SEEN_WITHIN, 'both replicas in step')
+        primary.process.send_signal(signal.SIGSTOP)         # Litestream's pid: no heartbeat reaches the replicas
+        try:
+            wait_until(lambda: health(first) == 503, TIMEOUT, 'the first replica lagging')
+            # within Caddy's next health checks (every 2 s) the lagging one is left out: ten reads in a row answered
+            wait_until(lambda: all(read('/api/jobs?limit=1').status_code == 200 for _ in range(10)), TIMEOUT,
+                       'reads answered around the lagging replica')
+            assert health(first) == 503 and health(later) == 200
+            assert read('/api/health').json()['role'] == 'replica'
+            wait_until(lambda: health(later) == 503, 2 * TIMEOUT + 10, 'the second replica lagging')
+            wait_until(lambda: read('/api/health').json()['role'] == 'primary', TIMEOUT, 'reads sent to the primary')
+            assert read('/api/jobs?limit=1').status_code == 200
+        finally:
+            primary.process.send_signal(signal.SIGCONT)
+    finally:
+        process.kill()
+        process.wait(TIMEOUT)
+        stop(first)
+        stop(later)
+
+
 @pytest.mark.parametrize('target', ['/api/jobs', '@evil.example/api/jobs', '.evil.example/api/jobs',
                                     'http://evil.example/api/jobs', '//evil.example/api/jobs'])
 def test_a_replicas_location_is_the_primary_url_and_a_path_starting_with_a_slash(target):
