@@ -426,3 +426,26 @@ def test_a_replicas_location_is_the_primary_url_and_a_path_starting_with_a_slash
     path = target if target.startswith('/') else '/' + target
     assert (raised.value.status_code, raised.value.headers['Location']) == (307, f'https://primary.test{path}?a=1')
     assert json.loads(raised.value.body) == {'primary': f'https://primary.test{path}?a=1'}
+
+
+@pytest.mark.parametrize('lag, method, path, refused', [
+    (40, 'GET', '/api/jobs', True), (40, 'HEAD', '/jobs/1', True), (40, 'GET', '/api/jobs/stream', True),
+    (40, 'GET', '/api/health', False), (40, 'GET', '/metrics', False), (40, 'GET', '/static/style.css', False),
+    (29, 'GET', '/api/jobs', False), (None, 'GET', '/api/jobs', False)])
+def test_a_lagging_replica_refuses_every_read_but_health_metrics_and_static_files(lag, method, path, refused):
+    """Unit level: past --max-replica-lag (30 s) a read is 503 replica_lagging without --primary-url; under it, or
+    before the first heartbeat (None: nothing to judge by), it is served."""
+    beat = None if lag is None else (time.time() - lag) * 1000
+    app = types.SimpleNamespace(service=types.SimpleNamespace(
+        x402=None, db=types.SimpleNamespace(value=lambda sql: beat),
+        settings=types.SimpleNamespace(primary_url='', max_replica_lag=30.0)))
+    mp.request.bind({'REQUEST_METHOD': method, 'PATH_INFO': path, 'QUERY_STRING': ''})
+    if not refused:
+        assert mp.send_writes_to_primary(app) is None
+        return
+    with pytest.raises(mp.bottle.HTTPResponse) as raised:
+        mp.send_writes_to_primary(app)
+    body = json.loads(raised.value.body)
+    assert (raised.value.status_code, body['code'], raised.value.headers['Retry-After']) == \
+        (503, 'replica_lagging', '5')
+    assert 40 <= body['lag'] < 41 and body['error'].startswith('This read replica is 40')
