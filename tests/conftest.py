@@ -359,6 +359,12 @@ def usdc(anvil):
     """The TestUSDC contract (web3) at the Base USDC address; every change to the chain made during
     the test (blocks, balances, time, code) is reverted after it."""
     import chain
+    # A revert takes the chain's clock back to the snapshot's newest block, which in a long session may be minutes
+    # behind the wall clock that clients sign by (validAfter ten minutes back): a block at the wall clock's time
+    # first, outside the snapshot, keeps every test's chain within a minute of it.
+    if anvil.timestamp() < time.time() - 60:
+        anvil.set_next_timestamp(int(time.time()))
+        anvil.mine()
     snapshot = anvil.snapshot()
     yield anvil.token(chain.USDC)
     anvil.automine(True)
