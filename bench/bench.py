@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import marketplace as mp  # noqa: E402
+import wiring  # noqa: E402
 
 ADMIN_KEY = 'bench-admin-key-' + 'k' * 32
 # The jobs' text: each job names one of 200 topics (so a topic is in 0.5 % of 20,000 jobs, as a specific search
@@ -86,7 +87,7 @@ def memory_kib(pid, field):
 def load_jobs(db_path, count, seed=7):
     """`count` open jobs, posted as POST /api/jobs would (create_job), in one transaction."""
     settings = mp.Settings(db=str(db_path), admin_key=ADMIN_KEY)
-    svc = mp.Service(settings)
+    svc = mp.Service(settings, wiring.FACES)
     account = svc.db.row("SELECT id, name, role FROM accounts WHERE role = 'admin'")
     rng = random.Random(seed)
     deadline = mp.iso(mp.now() + timedelta(days=30))

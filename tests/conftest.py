@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import marketplace as mp  # noqa: E402
+import wiring  # noqa: E402
 
 ADMIN_KEY = 'test-admin-key-' + 'a' * 32
 
@@ -198,7 +199,7 @@ def settings(tmp_path):
 def app(settings):
     """The app on a fresh database; after the test, the ledger must balance and job_counts (kept by triggers)
     must hold the real number of jobs of each category and status."""
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     yield app
     problems = mp.ledger_problems(app.service.db)
     counted = app.service.db.rows('SELECT category, status, count(*) AS jobs FROM jobs GROUP BY 1, 2 ORDER BY 1, 2')

@@ -17,6 +17,8 @@ import pytest
 import requests
 
 import marketplace as mp
+import openapi_spec
+import wiring
 from conftest import ADMIN_KEY, Client, LiveServer, Market, assert_error, job_body, make_account, make_agent
 
 WRITES = ('POST', 'PATCH', 'PUT', 'DELETE')
@@ -107,7 +109,7 @@ def test_address_group(ip, group):
 
 def test_ipv6_clients_share_one_bucket_per_64(tmp_path):
     settings = mp.Settings(db=str(tmp_path / 'limits.db'), rate_limits='on', trust_proxy=True, admin_key=ADMIN_KEY)
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     client = Client(app)
     try:
         def remaining(address):
@@ -128,7 +130,7 @@ def test_ipv6_clients_share_one_bucket_per_64(tmp_path):
 def test_no_key_is_401_before_the_body_is_read_on_every_keyed_write(app):
     checked = 0
     for method, path, _, _ in mp.ROUTES:
-        if method == 'GET' or mp.API_OPERATIONS[(method, path)].get('auth') != 'key':
+        if method == 'GET' or openapi_spec.API_OPERATIONS[(method, path)].get('auth') != 'key':
             continue
         status, body, reads = call_with_unread_body(app, method, fill(path, str(uuid.uuid4())))
         assert (status, body['code'], reads) == (401, 'unauthorized', 0), (method, path)
@@ -508,7 +510,7 @@ def disputed_db(tmp_path_factory):
     """A database with an open dispute and a member with no rights over it: (path, member key, dispute id)."""
     path = tmp_path_factory.mktemp('attack') / 'attack.db'
     settings = mp.Settings(db=str(path), rate_limits='off', admin_key=ADMIN_KEY, allow_private_webhooks=True)
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     try:
         client = Client(app)
         market = Market(client)

@@ -6,6 +6,7 @@ import re
 import pytest
 
 import marketplace as mp
+import wiring
 from conftest import ADMIN_KEY, Client, job_body, make_account, make_agent, make_job, random_wallet
 
 UUID = re.compile(r'^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$')
@@ -136,7 +137,7 @@ def test_register_agent_validates_like_post_agents(client, app):
 
 @pytest.fixture
 def closed_client(tmp_path):
-    app = mp.make_app(mp.Settings(db=str(tmp_path / 'closed.db'), rate_limits='off', admin_key=ADMIN_KEY,
+    app = wiring.make_app(mp.Settings(db=str(tmp_path / 'closed.db'), rate_limits='off', admin_key=ADMIN_KEY,
                                   open_registration=False))
     yield Client(app)
     app.service.close()
@@ -287,7 +288,7 @@ def test_admin_key_is_not_stored_in_clear(app):
 
 
 def test_restarting_with_the_same_admin_key_keeps_one_admin(settings, app):
-    again = mp.make_app(settings)
+    again = wiring.make_app(settings)
     try:
         assert again.service.db.value("SELECT count(*) FROM accounts WHERE role = 'admin'") == 1
         assert again.service.db.value('SELECT count(*) FROM api_keys') == 1
@@ -298,7 +299,7 @@ def test_restarting_with_the_same_admin_key_keeps_one_admin(settings, app):
 @pytest.mark.parametrize('short', ['x' * 31, 'short', 'a' * 16])
 def test_too_short_admin_key_refuses_to_start(tmp_path, short):
     with pytest.raises(ValueError, match='at least 32'):
-        mp.make_app(mp.Settings(db=str(tmp_path / 'short.db'), rate_limits='off', admin_key=short))
+        wiring.make_app(mp.Settings(db=str(tmp_path / 'short.db'), rate_limits='off', admin_key=short))
 
 
 def test_ensure_admin_key_promotes_an_existing_member_key(client, app):
@@ -325,7 +326,7 @@ KEY_A, KEY_B = 'admin-key-a-' + 'a' * 32, 'admin-key-b-' + 'b' * 32
 
 def start(tmp_path, admin_key):
     """The app on one database file, started with this MARKETPLACE_ADMIN_KEY ('' for none)."""
-    return mp.make_app(mp.Settings(db=str(tmp_path / 'env.db'), rate_limits='off', admin_key=admin_key))
+    return wiring.make_app(mp.Settings(db=str(tmp_path / 'env.db'), rate_limits='off', admin_key=admin_key))
 
 
 def test_starting_with_another_admin_key_revokes_the_one_before(tmp_path):

@@ -9,6 +9,7 @@ from a2a.client.card_resolver import parse_agent_card
 from a2a.utils.proto_utils import validate_proto_required_fields
 
 import marketplace as mp
+import wiring
 
 from conftest import ADMIN_KEY, make_account, make_agent
 
@@ -193,7 +194,7 @@ def test_a_stale_etag_gets_the_card(client):
 
 def test_the_card_follows_the_public_url(tmp_path):
     settings = mp.Settings(db=str(tmp_path / 'other.db'), rate_limits='off', public_url='https://jobs.example.org/')
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     try:
         status, headers, card = mp.call_app(app, 'GET', '/.well-known/agent-card.json')
     finally:

@@ -14,6 +14,8 @@ import pytest
 from conftest import ROOT, Client, job_body
 
 import marketplace as mp
+import migrations
+import wiring
 
 FIXTURES = json.loads((ROOT / 'fixtures' / 'demo.json').read_text())
 KEY = re.compile(r'^mk_[A-Za-z0-9_-]{43}$')
@@ -28,7 +30,7 @@ def cli(db, *args, env=None):
 
 
 def open_app(db):
-    return mp.make_app(mp.Settings(db=str(db), rate_limits='off'))
+    return wiring.make_app(mp.Settings(db=str(db), rate_limits='off'))
 
 
 @pytest.fixture
@@ -177,21 +179,21 @@ def test_keys_revoke_an_unknown_id_exits_1(db_path):
 
 
 def test_keys_in_process(db_path, capsys):
-    """The same commands through mp.main, as a caller embedding the module would run them."""
-    assert mp.main(['keys', 'create', '--name', 'inproc', '--db', str(db_path)]) == 0
+    """The same commands through wiring.main, as a caller embedding the module would run them."""
+    assert wiring.main(['keys', 'create', '--name', 'inproc', '--db', str(db_path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert re.fullmatch(r'account [0-9a-f-]{36} \(member\) inproc', out[0])
     assert KEY.match(out[1])
-    assert mp.main(['keys', 'revoke', 'not-a-key-id', '--db', str(db_path)]) == 1
+    assert wiring.main(['keys', 'revoke', 'not-a-key-id', '--db', str(db_path)]) == 1
     assert capsys.readouterr().out.strip() == 'no live key has that id'
 
 
 def test_keys_create_reads_the_name_as_the_api_does(db_path, capsys):
     """NFKC-normalised; a name with an invisible character is refused (exit 2) and nothing is made."""
-    assert mp.main(['keys', 'create', '--name', '\uff2f\uff50\uff53', '--db', str(db_path)]) == 0
+    assert wiring.main(['keys', 'create', '--name', '\uff2f\uff50\uff53', '--db', str(db_path)]) == 0
     assert re.fullmatch(r'account [0-9a-f-]{36} \(member\) Ops', capsys.readouterr().out.splitlines()[0])
     with pytest.raises(SystemExit) as exited:
-        mp.main(['keys', 'create', '--name', 'pay\u200bpal', '--db', str(db_path)])
+        wiring.main(['keys', 'create', '--name', 'pay\u200bpal', '--db', str(db_path)])
     assert exited.value.code == 2
     assert 'argument --name' in capsys.readouterr().err
     db = mp.Database(db_path)
@@ -296,7 +298,7 @@ def test_seeding_twice_in_process_raises(seeded):
     path, _ = seeded
     before = snapshot(path)
     with pytest.raises(RuntimeError, match='already holds accounts'):
-        mp.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', out=lambda line: None)
+        mp.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', wiring.FACES, out=lambda line: None)
     assert snapshot(path) == before
 
 
@@ -493,7 +495,7 @@ def undo_version_9(conn):
 def version_8_demo(path):
     """The demo fixtures in a database of schema version 8 (seeded now, then taken back to that shape): an open
     connection to it, in a transaction."""
-    mp.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', out=lambda line: None)
+    mp.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', wiring.FACES, out=lambda line: None)
     conn = apsw.Connection(str(path))
     conn.execute('PRAGMA foreign_keys = ON')
     conn.execute('BEGIN')
@@ -640,7 +642,7 @@ def test_a_version_3_database_marks_the_admin_key_the_environment_made(tmp_path)
                     INSERT INTO api_keys VALUES ('k-env', 'adm', :hash, :prefix, '2026-01-01T00:00:00.000Z', NULL)''',
                  {'hash': mp.hash_key(old_key), 'prefix': old_key[:4] + '…'})
     conn.close()
-    app = mp.make_app(mp.Settings(db=str(path), rate_limits='off', admin_key='new-env-admin-key-' + 'n' * 32))
+    app = wiring.make_app(mp.Settings(db=str(path), rate_limits='off', admin_key='new-env-admin-key-' + 'n' * 32))
     try:
         keys = app.service.db.rows('SELECT id, from_env, revoked_at IS NOT NULL AS revoked FROM api_keys')
         assert [(k['from_env'], k['revoked']) for k in keys if k['id'] == 'k-env'] == [(1, 1)]
@@ -705,9 +707,9 @@ def test_widening_a_check_refuses_a_schema_it_does_not_know(tmp_path):
     db.execute("CREATE TABLE things (status TEXT CHECK (status IN ('a', 'b')))")
     with pytest.raises(RuntimeError, match="no \\('a', 'c'\\)"):
         with db.transaction():
-            mp.widen_checks(db, 'things', ("('a', 'c')", "('a', 'c', 'd')"))
+            migrations.widen_checks(db, 'things', ("('a', 'c')", "('a', 'c', 'd')"))
     with db.transaction():
-        mp.widen_checks(db, 'things', ("('a', 'b')", "('a', 'b', 'c')"))
+        migrations.widen_checks(db, 'things', ("('a', 'b')", "('a', 'b', 'c')"))
     db.execute("INSERT INTO things VALUES ('c')")
     with pytest.raises(apsw.ConstraintError):
         db.execute("INSERT INTO things VALUES ('d')")

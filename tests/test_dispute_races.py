@@ -14,6 +14,7 @@ from test_server import (TIMEOUT, claim_and_deliver, Output, bearer, cli_env, ge
                          register_agent, run_concurrently, stop)
 
 import marketplace as mp
+import wiring
 
 
 # Helpers ---------------------------------------------------------------------
@@ -71,7 +72,7 @@ def run_cli(*args):
 def overdue_database(path, seconds=0.8):
     """A database (built in-process, then closed) holding one job whose deadline has just passed, claimed by
     an agent that never delivered, and one job with a far deadline, claimed too: (overdue id, far id)."""
-    app = mp.make_app(mp.Settings(db=str(path), rate_limits='off', admin_key=ADMIN_KEY))
+    app = wiring.make_app(mp.Settings(db=str(path), rate_limits='off', admin_key=ADMIN_KEY))
     try:
         def call(method, url, body=None, key=None):
             status, _, answer = mp.call_app(app, method, url, body, key)

@@ -15,6 +15,7 @@ import pytest
 import requests
 
 import marketplace as mp
+import wiring
 from conftest import ADMIN_KEY, assert_error, Client, get_agent, in_hours, make_account, make_agent, Market, random_wallet
 from test_server import TIMEOUT, bearer, claim_and_deliver, get_job, new_account, new_job, post, register_agent
 
@@ -674,7 +675,7 @@ def five_votes(tmp_path):
     """An app that needs five votes to decide a dispute; the ledger must balance after the test."""
     settings = mp.Settings(db=str(tmp_path / 'five.db'), rate_limits='off', admin_key=ADMIN_KEY,
                            public_url='http://market.test', required_votes=5)
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     yield app
     problems = mp.ledger_problems(app.service.db)
     app.service.close()
@@ -1113,7 +1114,7 @@ def test_a_dispute_open_past_the_timeout_needs_an_admin(market, client, app, rea
 def open_arbitration(tmp_path):
     settings = mp.Settings(db=str(tmp_path / 'open.db'), rate_limits='off', admin_key=ADMIN_KEY,
                            public_url='http://market.test', open_arbitration=True)
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     yield Client(app)
     problems = mp.ledger_problems(app.service.db)
     app.service.close()

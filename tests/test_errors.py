@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 import marketplace as mp
+import openapi_spec
 from conftest import ADMIN_KEY, Client, make_account, make_agent, make_job
 
 JSON_TYPE = 'application/json; charset=utf-8'
@@ -47,7 +48,7 @@ def assert_error(answer, status, code, where=''):
 
 
 # The pages for people answer their refusals as pages (HTML), with the same status.
-PAGES = {path for (method, path), entry in mp.API_OPERATIONS.items() if entry['tags'] == ['Pages']}
+PAGES = {path for (method, path), entry in openapi_spec.API_OPERATIONS.items() if entry['tags'] == ['Pages']}
 
 
 def assert_page_error(answer, status, where=''):
@@ -98,7 +99,7 @@ def test_every_route_answers_errors_as_json(app):
     for method, path, _, _ in mp.ROUTES:
         concrete = fill(path, str(uuid.uuid4()))
         where = f'{method} {path}'
-        keyed = mp.API_OPERATIONS[(method, path)].get('auth') == 'key'
+        keyed = openapi_spec.API_OPERATIONS[(method, path)].get('auth') == 'key'
 
         # Unknown path below this one: 404, for GET and for the route's own method.
         for probe in {'GET', method}:
@@ -291,7 +292,7 @@ def test_uuid_with_a_trailing_newline_is_malformed_on_every_route(app):
         if '<' not in path:
             continue
         bad = str(uuid.uuid4()) + '\n'
-        keyed = mp.API_OPERATIONS[(method, path)].get('auth') == 'key'
+        keyed = openapi_spec.API_OPERATIONS[(method, path)].get('auth') == 'key'
         if path in PAGES:
             assert_page_error(call(app, method, fill(path, bad)), 400, f'{method} {path}')
             continue

@@ -8,6 +8,7 @@ import feedparser
 import pytest
 
 import marketplace as mp
+import discovery
 
 from conftest import in_hours
 
@@ -240,5 +241,5 @@ def test_control_characters_are_stripped(client, market, form):
 
 
 def test_xml_text_keeps_what_xml_allows():
-    assert mp.xml_text('tab\tnl\ncr\r ok é 🚀 \ufffd') == 'tab\tnl\ncr\r ok é 🚀 \ufffd'
-    assert mp.xml_text('a\x00b\x1fc\ufffed\uffffe\ud800f') == 'abcdef'
+    assert discovery.xml_text('tab\tnl\ncr\r ok é 🚀 \ufffd') == 'tab\tnl\ncr\r ok é 🚀 \ufffd'
+    assert discovery.xml_text('a\x00b\x1fc\ufffed\uffffe\ud800f') == 'abcdef'

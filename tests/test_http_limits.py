@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 import marketplace as mp
+import http_server
 from conftest import LiveServer
 from test_server import Output
 
@@ -24,7 +25,7 @@ LATE = 1.5                  # how late a time-out may close under the load of ot
 AT_ONCE = 1.0               # a connection over a cap is closed within this
 HALF_HEADERS = b'GET /api/health HTTP/1.1\r\nHost: x\r\nUser-Agent: slow\r\n'
 HEALTH = b'GET /api/health HTTP/1.1\r\nHost: x\r\n\r\n'
-BAD_REQUEST = {'error': mp.PROTOCOL_ERRORS[400][2], 'code': 'bad_request', 'status': 400}
+BAD_REQUEST = {'error': http_server.PROTOCOL_ERRORS[400][2], 'code': 'bad_request', 'status': 400}
 
 
 @pytest.fixture(scope='module')
@@ -181,7 +182,7 @@ def test_a_client_dribbling_its_headers_is_cut_at_the_header_timeout(server):
     assert closed is not None and HEADER_TIMEOUT - EARLY <= closed - opened <= HEADER_TIMEOUT + LATE
     head, _, body = answer.partition(b'\r\n\r\n')
     assert head.split(b'\r\n')[0] == b'HTTP/1.1 408 Request Timeout'
-    assert json.loads(body) == {'error': mp.PROTOCOL_ERRORS[408][2], 'code': 'request_timeout', 'status': 408}
+    assert json.loads(body) == {'error': http_server.PROTOCOL_ERRORS[408][2], 'code': 'request_timeout', 'status': 408}
 
 
 def test_an_idle_kept_alive_connection_is_closed_after_the_keepalive_timeout(server):

@@ -21,6 +21,7 @@ import pytest
 import requests
 
 import marketplace as mp
+import wiring
 from conftest import (ADMIN_KEY, ROOT, LiveServer, assert_error, in_hours, job_body, make_account, make_agent,
                       make_job)
 from test_disputes import disputed_job, make_arbitrators
@@ -308,7 +309,7 @@ def test_a_paid_call_is_replayed_with_its_payment_response_and_paid_once(tmp_pat
                            public_url='http://market.test', rpc_url=anvil.url, escrow_key=ESCROW_KEY,
                            confirmations=1, x402_price=mp.parse_prices('POST /api/jobs=0.01'), x402_pay_to=PAY_TO,
                            allow_simulated_rails=True)
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     try:
         from conftest import Client
         client = Client(app)
@@ -587,7 +588,7 @@ def test_the_second_process_to_finish_undoes_its_change_and_replays_the_first(se
     other's answer when it began; the UNIQUE key of the answers makes the second one's commit fail, and with it
     everything it changed; it answers with the first one's answer."""
     _, api_key = make_account(client)
-    other = mp.make_app(settings)       # a second app, its own connection: another process as SQLite sees it
+    other = wiring.make_app(settings)       # a second app, its own connection: another process as SQLite sees it
     try:
         from conftest import Client
         key, body = new_key(), job_body(title='raced')

@@ -12,6 +12,7 @@ from decimal import Decimal
 import pytest
 
 import marketplace as mp
+import wiring
 from conftest import (ADMIN_KEY, assert_error, Client, get_agent, in_hours, job_body, make_account, make_agent, Market,
                       random_wallet)
 
@@ -73,7 +74,7 @@ def naive_utc(moment):
 @pytest.fixture
 def fee_market(tmp_path):
     """A market on an app with --fee-percent 2.5; the ledger must balance afterwards."""
-    app = mp.make_app(mp.Settings(db=str(tmp_path / 'fee.db'), rate_limits='off', admin_key=ADMIN_KEY,
+    app = wiring.make_app(mp.Settings(db=str(tmp_path / 'fee.db'), rate_limits='off', admin_key=ADMIN_KEY,
                                   fee_percent=Decimal('2.5')))
     yield Market(Client(app))
     problems = mp.ledger_problems(app.service.db)

@@ -6,6 +6,7 @@ import socket
 import pytest
 
 import marketplace as mp
+import http_server
 from conftest import ADMIN_KEY, assert_error, job_body, make_account
 
 
@@ -167,14 +168,14 @@ def test_a_request_line_over_8_kib_is_414_json(live_server):
     head, body = raw_request(live_server, b'GET /api/jobs?q=' + b'x' * 9000 + b' HTTP/1.1\r\nHost: x\r\n\r\n')
     assert head[0] == 'HTTP/1.1 414 URI Too Long'
     assert 'Content-Type: application/json; charset=utf-8' in head
-    assert json.loads(body) == {'error': mp.PROTOCOL_ERRORS[414][2], 'code': 'uri_too_long', 'status': 414}
+    assert json.loads(body) == {'error': http_server.PROTOCOL_ERRORS[414][2], 'code': 'uri_too_long', 'status': 414}
 
 
 def test_more_than_100_headers_is_400_json(live_server):
     headers = b''.join(b'X-Many-%d: 1\r\n' % n for n in range(101))
     head, body = raw_request(live_server, b'GET /api/health HTTP/1.1\r\nHost: x\r\n' + headers + b'\r\n')
     assert head[0] == 'HTTP/1.1 400 Bad Request'
-    assert json.loads(body) == {'error': mp.PROTOCOL_ERRORS[400][2], 'code': 'bad_request', 'status': 400}
+    assert json.loads(body) == {'error': http_server.PROTOCOL_ERRORS[400][2], 'code': 'bad_request', 'status': 400}
 
 
 def test_a_malformed_content_length_is_400_json_and_the_server_goes_on(live_server):

@@ -16,6 +16,7 @@ from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 import marketplace as mp
+import openapi_spec
 import mcp_server
 from conftest import ROOT, LiveServer, free_port, in_hours, random_wallet
 
@@ -134,7 +135,7 @@ def enum_of(schema):
 def test_the_enums_are_the_apis(offline):
     tools = offline.tools()
     props = {name: tool.input_schema['properties'] for name, tool in tools.items()}
-    search_sorts = next(p['schema']['enum'] for p in mp.API_OPERATIONS[('GET', '/api/jobs/search')]['query']
+    search_sorts = next(p['schema']['enum'] for p in openapi_spec.API_OPERATIONS[('GET', '/api/jobs/search')]['query']
                         if p['name'] == 'sort')
     assert enum_of(props['list_jobs']['status']) == list(mp.JOB_STATUSES)
     assert enum_of(props['list_jobs']['category']) == list(mp.CATEGORIES)
@@ -148,7 +149,7 @@ def test_the_enums_are_the_apis(offline):
 
 
 def test_every_tool_maps_to_a_documented_operation():
-    document = mp.openapi_document('http://market.test', ())
+    document = openapi_spec.openapi_document('http://market.test', ())
     for tool, (method, path) in mcp_server.TOOL_OPERATIONS.items():
         operation = document['paths'][path][method.lower()]
         documented = {parameter['name'] for parameter in operation.get('parameters', [])}

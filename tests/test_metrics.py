@@ -14,6 +14,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 import marketplace as mp
+import wiring
 from conftest import ADMIN_KEY, LiveServer, free_port, make_account, make_agent, make_job
 from test_server import TIMEOUT, Output, get_job, new_account, new_job, stop
 
@@ -194,7 +195,7 @@ def test_chain_reachability_is_what_the_last_check_found(client, app, monkeypatc
 
 
 def test_apps_in_one_process_count_apart(client, tmp_path):
-    other = mp.make_app(mp.Settings(db=str(tmp_path / 'other.db'), admin_key=ADMIN_KEY, rate_limits='off'))
+    other = wiring.make_app(mp.Settings(db=str(tmp_path / 'other.db'), admin_key=ADMIN_KEY, rate_limits='off'))
     try:
         for _ in range(3):
             client.get('/api/stats')

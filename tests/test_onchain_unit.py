@@ -21,6 +21,7 @@ from eth_utils import keccak
 from hexbytes import HexBytes
 
 import marketplace as mp
+import wiring
 from conftest import ADMIN_KEY, Client, Market, assert_error, in_hours, job_body, make_account, make_agent
 from test_openapi import Checker
 from test_verifier import (BASE_CHAIN, ESCROW, ESCROW_KEY, NODE_URL, OTHER_TOKEN, PAYER, SOMEONE, USDC, FakeNode,
@@ -53,7 +54,7 @@ def started(tmp_path, node):
     apps = []
 
     def start(**overrides):
-        app = mp.make_app(onchain_settings(tmp_path, **overrides))
+        app = wiring.make_app(onchain_settings(tmp_path, **overrides))
         apps.append(app)
         return app
     yield start
@@ -129,7 +130,7 @@ def assert_pays(raw, to, amount, nonce):
 def test_a_node_on_another_chain_refuses_to_start(tmp_path, node):
     node.chain_id = 1
     with pytest.raises(ValueError) as raised:
-        mp.make_app(onchain_settings(tmp_path))
+        wiring.make_app(onchain_settings(tmp_path))
     assert 'chain 1' in str(raised.value) and '8453' in str(raised.value)
     assert node.methods() == ['eth_chainId']
 
@@ -740,7 +741,7 @@ def test_an_agent_in_onchain_mode_is_paid_at_its_wallet(market, node):
 
 def test_a_job_created_in_simulated_mode_never_pays_real_usdc(tmp_path, started, node):
     """A job that locked no USDC (made before --rpc-url was set, e.g. the demo) settles in the ledger only."""
-    simulated = mp.make_app(mp.Settings(db=str(tmp_path / 'onchain.db'), rate_limits='off', admin_key=ADMIN_KEY,
+    simulated = wiring.make_app(mp.Settings(db=str(tmp_path / 'onchain.db'), rate_limits='off', admin_key=ADMIN_KEY,
                                         public_url='http://market.test', allow_private_webhooks=True))
     market = Market(Client(simulated))
     job, claim = market.delivered_job(paymentAmount='25.00')
@@ -762,7 +763,7 @@ def test_a_job_funded_on_chain_is_not_settled_without_the_chain(tmp_path, starte
     job = funded_job(market, node)
     claim = market.deliver(job, market.claim(job))
     other = funded_job(market, node, deadline=mp.iso(mp.now() + timedelta(hours=1)))
-    simulated = mp.make_app(mp.Settings(db=str(tmp_path / 'onchain.db'), rate_limits='off', admin_key=ADMIN_KEY,
+    simulated = wiring.make_app(mp.Settings(db=str(tmp_path / 'onchain.db'), rate_limits='off', admin_key=ADMIN_KEY,
                                         public_url='http://market.test', allow_private_webhooks=True))
     try:
         client = Client(simulated)

@@ -11,12 +11,14 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 import marketplace as mp
+import openapi_spec
+import wiring
 from conftest import ADMIN_KEY, Client, in_hours, job_body, make_account, make_job, random_wallet
 
 BASE = 'http://market.test'
 METHODS = ('get', 'put', 'post', 'delete', 'options', 'head', 'patch', 'trace')
 
-API_ALSO = {(method, mp.openapi_path(path)): entry.get('also', {}) for (method, path), entry in mp.API_OPERATIONS.items()}
+API_ALSO = {(method, mp.openapi_path(path)): entry.get('also', {}) for (method, path), entry in openapi_spec.API_OPERATIONS.items()}
 REAL_ROUTES = {(method, path): bucket for method, path, _, bucket in mp.ROUTES}
 # A stream does not end in-process; its own tests cover it.
 NOT_DRIVEN = {('GET', '/api/jobs/stream'),
@@ -102,25 +104,25 @@ def test_document_is_valid_openapi_3_1(client, document):
     for schema in document['components']['schemas'].values():
         Draft202012Validator.check_schema(schema)
     # The document is plain data: the route answers what openapi_document builds.
-    assert document == json.loads(json.dumps(mp.openapi_document(BASE)))
+    assert document == json.loads(json.dumps(openapi_spec.openapi_document(BASE)))
 
 
 def test_document_lists_exactly_the_routes(document):
     documented = set(operations(document))
     routes = {(method, mp.openapi_path(path)) for method, path in REAL_ROUTES}
     assert documented == routes
-    assert len(documented) == len(mp.API_OPERATIONS)
+    assert len(documented) == len(openapi_spec.API_OPERATIONS)
 
 
 def test_the_document_refuses_to_build_when_routes_and_operations_disagree(monkeypatch):
-    mp.openapi_document(BASE)
-    monkeypatch.setattr(mp, 'ROUTES', mp.ROUTES + [('GET', '/api/undocumented', lambda: {}, 'read')])
+    openapi_spec.openapi_document(BASE)
+    monkeypatch.setattr(openapi_spec, 'ROUTES', openapi_spec.ROUTES + [('GET', '/api/undocumented', lambda: {}, 'read')])
     with pytest.raises(ValueError, match=r"no API_OPERATIONS entry for \[\('GET', '/api/undocumented'\)\]"):
-        mp.openapi_document(BASE)
-    monkeypatch.setattr(mp, 'ROUTES', mp.ROUTES[:-1])
-    monkeypatch.setitem(mp.API_OPERATIONS, ('DELETE', '/api/jobs/<job_id>'), mp.API_OPERATIONS[('GET', '/api/jobs')])
+        openapi_spec.openapi_document(BASE)
+    monkeypatch.setattr(openapi_spec, 'ROUTES', openapi_spec.ROUTES[:-1])
+    monkeypatch.setitem(openapi_spec.API_OPERATIONS, ('DELETE', '/api/jobs/<job_id>'), openapi_spec.API_OPERATIONS[('GET', '/api/jobs')])
     with pytest.raises(ValueError, match=r"no route for \[\('DELETE', '/api/jobs/<job_id>'\)\]"):
-        mp.openapi_document(BASE)
+        openapi_spec.openapi_document(BASE)
 
 
 def test_every_operation_documents_its_errors(document):
@@ -405,7 +407,7 @@ def test_errors_answer_as_documented(client, check, market):
 def test_a_rate_limited_answer_is_documented(tmp_path):
     settings = mp.Settings(db=str(tmp_path / 'limits.db'), rate_limits='on', rate_limit_scale=0.1,
                            public_url=BASE)
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     mp.CLOCK.set(mp.now())     # both requests in one rate-limit window
     try:
         client = Client(app)
@@ -414,6 +416,6 @@ def test_a_rate_limited_answer_is_documented(tmp_path):
         answer = check(client.post('/api/accounts', {'name': 'second'}), 'POST', '/api/accounts', 429)
         assert int(answer.headers['Retry-After']) > 0
         documented = check.operations[('POST', '/api/accounts')]['responses']['429']
-        assert set(follow(check.document, documented)['headers']) == {'Retry-After', 'X-Request-Id', *mp.RATE_LIMIT_HEADERS}
+        assert set(follow(check.document, documented)['headers']) == {'Retry-After', 'X-Request-Id', *openapi_spec.RATE_LIMIT_HEADERS}
     finally:
         app.service.close()

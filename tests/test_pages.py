@@ -14,6 +14,8 @@ import pytest
 import responses
 
 import marketplace as mp
+import pages
+import wiring
 from conftest import ADMIN_KEY, Client, Market, auto_verify, expire, get_agent, job_body, make_account, make_agent
 from test_disputes import (make_arbitrators, open_dispute, register_arbitrator, resolve, set_arbitrator, set_reputation,
                            vote)
@@ -369,12 +371,12 @@ def test_user_text_is_escaped_on_every_page(app, market, client):
     deliver(market, other, other_claim, key=bold_key)
     verify(market, other, other_claim, False, reason='<script>alert(5)</script>')
 
-    pages = {
+    page_paths = {
         '/': True, '/?q=%3Cscript%3Ealert%3C%2Fscript%3E': False, '/?q=%22%3E%3Cscript%3Ealert(6)': False,
         f'/jobs/{job["id"]}': False, f'/jobs/{other["id"]}': False, '/agents': False,
         f'/agents/{bold["id"]}': False, f'/disputes/{dispute["id"]}': False, '/arbitrators': False}
     shown = {}
-    for path, live in pages.items():
+    for path, live in page_paths.items():
         page = shown[path] = get_page(client, path)
         assert page.tags.count('script') == (1 if live else 0), path
         assert 'img' not in page.tags and 'b' not in page.tags, (path, page.tags)
@@ -638,7 +640,7 @@ def onchain(tmp_path):
     with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
         def start(chain_id):
             node = FakeNode(chain_id=chain_id, nonce=7).install(mock)
-            app = mp.make_app(mp.Settings(
+            app = wiring.make_app(mp.Settings(
                 db=str(tmp_path / f'chain{chain_id}.db'), rate_limits='off', admin_key=ADMIN_KEY,
                 public_url='http://market.test', allow_private_webhooks=True, rpc_url=NODE_URL, chain_id=chain_id,
                 usdc_address=USDC, escrow_key=ESCROW_KEY, confirmations=2))
@@ -775,7 +777,7 @@ def test_agent_page_profile_capabilities_recent_jobs_and_chart(market, client, c
                                   (f'/jobs/{approved["id"]}', 'Approved job', 'approved', at(0))]
 
     history = get_agent(client, agent)['reputationHistory']
-    chart = mp.reputation_chart(history)
+    chart = pages.reputation_chart(history)
     assert chart['points'] == '8.0,112.0 300.0,8.0 592.0,34.0'
     assert page.find('polyline').attrs['points'] == chart['points']
     svg = page.find('svg', 'chart')
@@ -798,18 +800,18 @@ def test_reputation_chart_points_and_labels():
     history = [{'scoreAfter': '1.75', 'delta': '1.00'},      # newest first, as the API gives it
                {'scoreAfter': '0.75', 'delta': '-0.25'},
                {'scoreAfter': '1.00', 'delta': '1.00'}]
-    assert mp.reputation_chart(history) == {
+    assert pages.reputation_chart(history) == {
         'points': '8.0,112.0 202.7,52.6 397.3,67.4 592.0,8.0', 'width': 600, 'height': 120,
         'low': '0.00', 'high': '1.75', 'first': '0.00', 'last': '1.75'}
-    assert mp.reputation_chart([{'scoreAfter': '11.50', 'delta': '1.50'}]) == {
+    assert pages.reputation_chart([{'scoreAfter': '11.50', 'delta': '1.50'}]) == {
         'points': '8.0,112.0 592.0,8.0', 'width': 600, 'height': 120,
         'low': '10.00', 'high': '11.50', 'first': '10.00', 'last': '11.50'}
-    falling = mp.reputation_chart([{'scoreAfter': '4.00', 'delta': '-1.00'}], width=100, height=50, pad=0)
+    falling = pages.reputation_chart([{'scoreAfter': '4.00', 'delta': '-1.00'}], width=100, height=50, pad=0)
     assert (falling['points'], falling['first'], falling['last']) == ('0.0,0.0 100.0,50.0', '5.00', '4.00')
-    flat = mp.reputation_chart([{'scoreAfter': '3.00', 'delta': '0.00'}])
+    flat = pages.reputation_chart([{'scoreAfter': '3.00', 'delta': '0.00'}])
     assert (flat['points'], flat['low'], flat['high']) == ('8.0,8.0 592.0,8.0', '3.00', '3.00')
-    assert mp.reputation_chart([]) is None
-    assert mp.reputation_chart(None) is None
+    assert pages.reputation_chart([]) is None
+    assert pages.reputation_chart(None) is None
 
 
 # Found by this test (fixed): the chart started a new agent whose first delivery was rejected at 0.25 (the
@@ -970,7 +972,7 @@ def test_stylesheet_is_served_cached_and_unchanged(client):
 def rate_limited_client(tmp_path, scale=1.0):
     settings = mp.Settings(db=str(tmp_path / f'limited{scale}.db'), rate_limits='on', rate_limit_scale=scale,
                            admin_key=ADMIN_KEY, public_url='http://market.test', allow_private_webhooks=True)
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     return app, Client(app)
 
 

@@ -11,6 +11,8 @@ from urllib.parse import urlencode
 import pytest
 
 import marketplace as mp
+import pages
+import wiring
 from conftest import Client, in_hours, job_body, make_account, make_agent
 from test_pages import Page
 
@@ -99,7 +101,7 @@ def header_values(answer):
 
 def test_the_cookie_is_secure_behind_https(tmp_path):
     settings = mp.Settings(db=str(tmp_path / 's.db'), rate_limits='off', public_url='https://market.test')
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     try:
         answer, _ = sign_up(Browser(app))
         assert 'Secure' in set_cookie_header(answer)
@@ -209,7 +211,7 @@ def test_a_refused_job_shows_the_api_words_next_to_the_field_and_keeps_the_form(
 
 def test_closed_registration_is_refused_in_the_api_words(tmp_path):
     settings = mp.Settings(db=str(tmp_path / 's.db'), rate_limits='off', open_registration=False)
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     try:
         browser = Browser(app)
         answer = browser.submit('/signin', '/signup', name='Ada')
@@ -307,7 +309,7 @@ def test_a_session_remembers_the_key_it_was_opened_with(app, client, browser):
 @pytest.fixture
 def https_app(tmp_path):
     settings = mp.Settings(db=str(tmp_path / 'https.db'), rate_limits='off', public_url='https://market.test')
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     yield app
     app.service.close()
 
@@ -374,13 +376,13 @@ def test_a_planted_form_cookie_cannot_sign_a_victim_into_the_attackers_account(a
                     {'Origin': 'http://evil.market.test'}, {'Sec-Fetch-Site': 'same-site'}):
         answer = victim.request('POST', '/signin', {'csrf': token, 'apiKey': attacker_key}, headers=headers)
         assert answer.status == 403, headers
-        assert Page(answer).find('p', 'error').text() == mp.CROSS_SITE_WORDS
+        assert Page(answer).find('p', 'error').text() == pages.CROSS_SITE_WORDS
         assert 'mk_session' not in victim.cookies
     assert app.service.db.value('SELECT count(*) FROM sessions') == 1        # the attacker's own
 
 
 def page_post_routes():
-    return sorted((method, path) for method, path, _, _ in mp.BROWSER_ROUTES if method == 'POST')
+    return sorted((method, path) for method, path, _, _ in pages.BROWSER_ROUTES if method == 'POST')
 
 
 def test_every_page_post_route_is_checked_below():
@@ -406,7 +408,7 @@ def test_a_page_post_from_another_site_is_refused_on_every_route(app, client, br
     for path, fields in forms.items():
         answer = browser.request('POST', path, {**hidden, **fields}, headers=headers)
         assert answer.status == 403, (path, answer)
-        assert Page(answer).find('p', 'error').text() == mp.CROSS_SITE_WORDS
+        assert Page(answer).find('p', 'error').text() == pages.CROSS_SITE_WORDS
     assert {table: app.service.db.rows(f'SELECT * FROM {table}') for table in tables} == before
     assert browser.get('/my/jobs').status == 200                # still signed in: the sign-out was refused too
 
@@ -422,7 +424,7 @@ def test_a_page_post_from_this_site_is_served(app, client, browser):
 
 def test_without_a_public_url_the_origin_is_compared_with_the_host_not_x_forwarded_host(tmp_path):
     settings = mp.Settings(db=str(tmp_path / 'host.db'), rate_limits='off', trust_proxy=True)
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     try:
         browser = Browser(app)
         hidden = browser.hidden('/signin', '/signup')
@@ -474,7 +476,7 @@ def test_no_redirect_is_built_from_a_forged_host(app, client, browser):
 
 def test_without_a_public_url_redirects_are_relative(tmp_path):
     settings = mp.Settings(db=str(tmp_path / 'rel.db'), rate_limits='off', trust_proxy=True)
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     try:
         job_id, seen = redirects(app, Client(app), Browser(app))
         assert [location for _, location in seen] == ['/signin', '/my/jobs', f'/jobs/{job_id}', f'/jobs/{job_id}',
@@ -485,10 +487,10 @@ def test_without_a_public_url_redirects_are_relative(tmp_path):
 
 def test_signin_and_signup_have_a_rate_limit_class_of_their_own(tmp_path):
     assert mp.RATE_LIMITS['signin'] == 30
-    assert {path: bucket for method, path, _, bucket in mp.BROWSER_ROUTES if path in ('/signin', '/signup')
+    assert {path: bucket for method, path, _, bucket in pages.BROWSER_ROUTES if path in ('/signin', '/signup')
             and method == 'POST'} == {'/signin': 'signin', '/signup': 'signin'}
     settings = mp.Settings(db=str(tmp_path / 'limits.db'), rate_limits='on', rate_limit_scale=0.1)
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     try:
         browser = Browser(app)
         hidden = browser.hidden('/signin', '/signin')
@@ -511,7 +513,7 @@ def test_a_planted_form_cookie_is_worth_nothing_from_another_address_even_withou
     """A browser that sends neither Origin nor Sec-Fetch-Site: the sign-in token is bound to the client's address
     as well as to the form cookie, so the attacker's pair does not validate from the victim's address."""
     settings = mp.Settings(db=str(tmp_path / 'addr.db'), rate_limits='off', trust_proxy=True)
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     try:
         attacker = Browser(app)
         _, attacker_key = sign_up(attacker, 'Mallory')

@@ -1,6 +1,6 @@
 """The permission matrix of CONTRACT.md section 2: every write route of the API × every kind of caller.
 
-Every POST, PATCH, PUT and DELETE operation of `mp.API_OPERATIONS` is either listed in OPEN (answers
+Every POST, PATCH, PUT and DELETE operation of `openapi_spec.API_OPERATIONS` is either listed in OPEN (answers
 without a key: open registration and the x402 check) or has a row in MATRIX. A write route added to the
 API without either makes `test_every_write_route_has_a_row` and its own `test_permission` cells fail.
 
@@ -30,11 +30,13 @@ from datetime import timedelta
 import pytest
 
 import marketplace as mp
+import openapi_spec
+import wiring
 from conftest import ADMIN_KEY, Client, Market, assert_error, free_port, in_hours, job_body, make_account, \
     make_agent, random_wallet
 
 WRITE_METHODS = ('POST', 'PATCH', 'PUT', 'DELETE')
-WRITE_ROUTES = sorted(route for route in mp.API_OPERATIONS if route[0] in WRITE_METHODS)
+WRITE_ROUTES = sorted(route for route in openapi_spec.API_OPERATIONS if route[0] in WRITE_METHODS)
 CALLERS = ('no key', 'unknown key', 'revoked key', 'another member', 'owner', 'admin')
 UNAUTHORIZED = ('no key', 'unknown key', 'revoked key')
 
@@ -268,7 +270,7 @@ MATRIX = {}
 
 def row(method, path):
     def register(cls):
-        assert (method, path) in mp.API_OPERATIONS, (method, path)
+        assert (method, path) in openapi_spec.API_OPERATIONS, (method, path)
         MATRIX[(method, path)] = cls()
         return cls
     return register
@@ -879,10 +881,10 @@ def test_every_write_route_has_a_row():
 def test_the_keyed_write_routes_are_documented_as_keyed():
     """The OpenAPI document marks each matrix route with bearer security; the open ones without it."""
     for route in MATRIX:
-        assert mp.API_OPERATIONS[route].get('auth') == 'key', route
-        assert 401 in mp.API_OPERATIONS[route]['errors'], route
+        assert openapi_spec.API_OPERATIONS[route].get('auth') == 'key', route
+        assert 401 in openapi_spec.API_OPERATIONS[route]['errors'], route
     for route in OPEN:
-        assert mp.API_OPERATIONS[route].get('auth') is None, route
+        assert openapi_spec.API_OPERATIONS[route].get('auth') is None, route
 
 
 # The open routes --------------------------------------------------------------------------------------
@@ -896,7 +898,7 @@ def x402_client(tmp_path):
                            rpc_url=f'http://127.0.0.1:{free_port()}', escrow_key='0x' + '11' * 32,
                            x402_price=mp.parse_prices('GET /api/jobs/match=0.01'),
                            x402_pay_to='0x9965507D1a55bcC2695C58ba16FB37d819B0A4dc')
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     yield Client(app)
     app.service.close()
 
@@ -968,7 +970,7 @@ def test_closed_registration_refuses_both_open_routes_without_a_key(tmp_path):
     and create nothing."""
     settings = mp.Settings(db=str(tmp_path / 'closed.db'), rate_limits='off', admin_key=ADMIN_KEY,
                            public_url='http://market.test', allow_private_webhooks=True, open_registration=False)
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     try:
         client = Client(app)
         accounts = app.service.db.value('SELECT count(*) FROM accounts')
@@ -1066,7 +1068,7 @@ def test_a_session_of_a_retired_env_admin_key_cannot_release_a_strangers_escrow(
     old, new = ADMIN_KEY, 'new-admin-key-' + secrets.token_urlsafe(32)
 
     def start(admin_key):
-        return mp.make_app(mp.Settings(db=str(tmp_path / 'rotate.db'), rate_limits='off', admin_key=admin_key,
+        return wiring.make_app(mp.Settings(db=str(tmp_path / 'rotate.db'), rate_limits='off', admin_key=admin_key,
                                        public_url='http://market.test'))
     app = start(old)
     market = Market(Client(app))

@@ -49,6 +49,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import marketplace as mp
+import wiring
 from conftest import ADMIN_KEY, Client, job_body, make_account, make_agent, random_wallet
 from fake_stripe import FakeStripe
 
@@ -163,7 +164,7 @@ class MarketMachine(RuleBasedStateMachine):
         settings_ = mp.Settings(db=os.path.join(self.tmp, 'props.db'), rate_limits='off', admin_key=ADMIN_KEY,
                                 public_url='http://market.test', allow_private_webhooks=True,
                                 fee_percent=self.fee, required_votes=self.REQUIRED_VOTES, **stripe)
-        self.app = mp.make_app(settings_)
+        self.app = wiring.make_app(settings_)
         self.db = self.app.service.db
         mp.PANEL_DRAW = PanelDraw(self.db)
         self.client = Client(self.app)
@@ -904,7 +905,7 @@ TestLedgerStripe.settings = settings(settings.get_profile(PROFILE),
 def test_any_split_of_a_jobs_releases_pays_the_fee_of_one_release_of_their_sum(tmp_path):
     """However a job's releases are split (100 shares of 0.39, or odd amounts), its fees add up to the fee of one
     release of their sum, each share pays at most itself, and the ledger balances."""
-    app = mp.make_app(mp.Settings(db=str(tmp_path / 'fees.db'), rate_limits='off', admin_key=ADMIN_KEY))
+    app = wiring.make_app(mp.Settings(db=str(tmp_path / 'fees.db'), rate_limits='off', admin_key=ADMIN_KEY))
     client = Client(app)
     db = app.service.db
     _, key = make_account(client, 'requester')
@@ -947,7 +948,7 @@ def test_any_split_of_a_jobs_releases_pays_the_fee_of_one_release_of_their_sum(t
 
 def test_a_hundred_shares_of_39_cents_pay_the_fee_of_39_00(tmp_path):
     """The hole closed: at 2.5 %, each 0.39 share on its own rounds its fee (0.00975) down to nothing."""
-    app = mp.make_app(mp.Settings(db=str(tmp_path / 'fees.db'), rate_limits='off', admin_key=ADMIN_KEY,
+    app = wiring.make_app(mp.Settings(db=str(tmp_path / 'fees.db'), rate_limits='off', admin_key=ADMIN_KEY,
                                   fee_percent=Decimal('2.5')))
     client = Client(app)
     _, requester_key = make_account(client, 'requester')

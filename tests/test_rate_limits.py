@@ -6,6 +6,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import marketplace as mp
+import wiring
 from conftest import ADMIN_KEY, job_body
 
 JSON_TYPE = 'application/json; charset=utf-8'
@@ -36,7 +37,7 @@ class Caller:
 def build(tmp_path, **settings):
     values = dict(db=str(tmp_path / 'x.db'), rate_limits='on', admin_key=ADMIN_KEY)
     values.update(settings)
-    return mp.make_app(mp.Settings(**values))
+    return wiring.make_app(mp.Settings(**values))
 
 
 @pytest.fixture

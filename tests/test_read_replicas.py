@@ -25,6 +25,7 @@ from test_replication import AWS_ENV, s3  # noqa: F401  (s3: the moto server fix
 from test_server import Output, bearer, stop
 
 import marketplace as mp
+import pages
 
 pytestmark = pytest.mark.replication
 
@@ -175,7 +176,7 @@ def concrete(path):
 def test_a_replica_never_answers_a_write_itself(cluster):
     primary, forwarding, refusing, directory = cluster
     key = account(primary)
-    writes = sorted({(method, path) for method, path, _, _ in mp.ROUTES + mp.BROWSER_ROUTES
+    writes = sorted({(method, path) for method, path, _, _ in mp.ROUTES + pages.BROWSER_ROUTES
                      if method not in ('GET', 'HEAD')})      # the API's and the pages' forms
     assert len(writes) >= 30 and ('POST', '/jobs/<job_id>/<action>') in writes
     writes += [('PUT', '/api/jobs/<job_id>'), ('DELETE', '/api/agents/<agent_id>')]   # methods no route takes

@@ -19,6 +19,7 @@ import requests
 from conftest import ADMIN_KEY, ROOT, LiveServer, free_port, job_body, random_wallet
 
 import marketplace as mp
+import wiring
 import replication
 
 pytestmark = pytest.mark.replication
@@ -354,7 +355,7 @@ def test_a_start_that_cannot_reach_the_replica_says_so_in_one_line(s3, tmp_path)
 def test_health_shows_the_replica_without_credentials_and_the_logs_hide_them(tmp_path, monkeypatch):
     monkeypatch.setenv('AWS_SECRET_ACCESS_KEY', SECRET)
     settings = mp.Settings(db=str(tmp_path / 'm.db'), replica_url='s3://AKIAKEY:url-secret-123@backups/m?x=1')
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     try:
         answer = mp.call_app(app, 'GET', '/api/health', None, None, None)
         assert answer[0] == 200

@@ -49,6 +49,7 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, respons
                                                status_code_conformance)
 
 import marketplace as mp
+import wiring
 from conftest import ADMIN_KEY, Client, in_hours, make_account, make_agent, make_job
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +87,7 @@ def fuzz_settings(db):
 def load_schema():
     """The document as the app serves it, read at collection through a throwaway app on an in-memory database
     (the document depends only on the settings; test_the_fuzzed_app_serves_this_document checks the same)."""
-    app = mp.make_app(fuzz_settings(':memory:'))
+    app = wiring.make_app(fuzz_settings(':memory:'))
     try:
         return schemathesis.openapi.from_wsgi('/api/openapi.json', app)
     finally:
@@ -255,8 +256,8 @@ def fuzz_app(tmp_path_factory):
     """The app on a seeded temporary database, its webhook session stubbed, sockets limited to loopback;
     afterwards the ledger must still balance."""
     settings = fuzz_settings(tmp_path_factory.mktemp('schemathesis') / 'fuzz.db')
-    keys = mp.seed(settings, ROOT / 'fixtures' / 'demo.json', out=lambda line: None)
-    app = mp.make_app(settings)
+    keys = mp.seed(settings, ROOT / 'fixtures' / 'demo.json', wiring.FACES, out=lambda line: None)
+    app = wiring.make_app(settings)
     app.service.webhooks = stub_session()
     client = Client(app)
     member, member_key = make_account(client, 'fuzz-member')

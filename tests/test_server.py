@@ -14,6 +14,7 @@ import requests
 from conftest import ADMIN_KEY, ROOT, LiveServer, free_port, job_body, random_wallet
 
 import marketplace as mp
+import http_server
 
 TIMEOUT = 10    # seconds for any one HTTP call: only to avoid hanging, never asserted
 
@@ -390,7 +391,7 @@ def test_make_server_sets_tcp_nodelay_before_handling(monkeypatch, tmp_path):
     from gevent.pywsgi import WSGIServer
     events = []
     monkeypatch.setattr(WSGIServer, 'handle', lambda self, sock, address: events.append(('handle', sock, address)))
-    server = mp.make_server(lambda environ, start_response: [], mp.Settings(host='127.0.0.1', port=0))
+    server = http_server.make_server(lambda environ, start_response: [], mp.Settings(host='127.0.0.1', port=0))
     assert isinstance(server, WSGIServer)
     sock = RecordingSocket(events)
     server.handle(sock, ('127.0.0.1', 40000))
@@ -430,7 +431,7 @@ def test_accepted_connections_have_tcp_nodelay(monkeypatch):
             server.stop()
         return answer
 
-    answer = one_request(mp.make_server(app, mp.Settings(host='127.0.0.1', port=0)))
+    answer = one_request(http_server.make_server(app, mp.Settings(host='127.0.0.1', port=0)))
     assert answer.startswith(b'HTTP/1.1 200') and answer.endswith(b'ok')
     assert len(seen) == 1 and seen[0] != 0
     # The control: a plain gevent server does not set it, so the check above means something.

@@ -5,6 +5,7 @@ from decimal import Decimal
 import pytest
 
 import marketplace as mp
+import wiring
 
 
 def test_defaults():
@@ -27,9 +28,9 @@ def test_environment_then_flags_win():
 
 
 def test_boolean_flags_from_the_command_line(monkeypatch):
-    monkeypatch.setattr(mp, 'serve', lambda settings: seen.append(settings))
+    monkeypatch.setattr(mp, 'serve', lambda settings, faces: seen.append(settings))
     seen = []
-    mp.main(['serve', '--no-open-registration', '--trust-proxy', '--fee-percent', '1.25', '--db', 'x.db'])
+    wiring.main(['serve', '--no-open-registration', '--trust-proxy', '--fee-percent', '1.25', '--db', 'x.db'])
     assert seen[0].open_registration is False and seen[0].trust_proxy is True
     assert seen[0].fee_percent == Decimal('1.25') and seen[0].db == 'x.db'
 

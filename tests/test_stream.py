@@ -22,6 +22,7 @@ from conftest import ADMIN_KEY, LiveServer, job_body
 from test_server import Output, new_account, new_job, post, stop
 
 import marketplace as mp
+import wiring
 
 READ_TIMEOUT = 5         # seconds to wait for any one event: only to avoid hanging, never asserted
 HEARTBEAT = 0.3          # --stream-heartbeat of most servers here
@@ -484,7 +485,7 @@ def test_sigterm_sends_timeout_to_every_open_stream_and_exits_0(tmp_path, stream
 def short_app(tmp_path):
     settings = mp.Settings(db=str(tmp_path / 'inproc.db'), rate_limits='off', admin_key=ADMIN_KEY,
                            public_url='http://market.test', stream_max_seconds=0.2)
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     yield app
     app.service.close()
 

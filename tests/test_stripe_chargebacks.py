@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 
 import marketplace as mp
+import wiring
 from conftest import ADMIN_KEY, Client, assert_error, make_agent
 from fake_stripe import fake_stripe, fake_stripe_server  # noqa: F401  (the fixtures)
 from test_stripe_payouts import World, fee_percent, stripe_app, stripe_settings, world  # noqa: F401  (fixtures)
@@ -208,7 +209,7 @@ def test_an_event_signed_with_an_unknown_secret_is_refused(world):
 
 
 def test_without_the_connect_secret_a_connect_event_is_refused(tmp_path, fake_stripe):     # noqa: F811
-    app = mp.make_app(stripe_settings(tmp_path, fake_stripe, stripe_connect_webhook_secret=''))
+    app = wiring.make_app(stripe_settings(tmp_path, fake_stripe, stripe_connect_webhook_secret=''))
     try:
         world = World(Client(app), fake_stripe, app.service.db)
         account_id = world.onboard()['accountId']

@@ -14,6 +14,8 @@ from datetime import timedelta
 import pytest
 
 import marketplace as mp
+import discovery
+import wiring
 from conftest import ADMIN_KEY, Client, LiveServer, assert_error, in_hours, job_body, make_account, make_agent
 from fake_stripe import fake_stripe, fake_stripe_server  # noqa: F401  (the fixtures)
 from test_openapi import Checker
@@ -183,7 +185,7 @@ def test_health_names_each_rail(client):
 
 
 def test_health_in_simulated_mode(tmp_path):
-    app = mp.make_app(mp.Settings(db=str(tmp_path / 'plain.db'), rate_limits='off'))
+    app = wiring.make_app(mp.Settings(db=str(tmp_path / 'plain.db'), rate_limits='off'))
     try:
         answer = mp.call_app(app, 'GET', '/api/health')[2]
         assert answer['rails'] == {'base': 'simulated', 'stripe': 'simulated'} and app.service.stripe is None
@@ -195,13 +197,13 @@ def test_health_in_simulated_mode(tmp_path):
 def test_a_stripe_key_without_a_webhook_secret_refuses_to_start(tmp_path, stripe_module):
     settings = mp.Settings(db=str(tmp_path / 'never.db'), stripe_secret_key=SECRET)
     with pytest.raises(ValueError, match='--stripe-secret-key needs --stripe-webhook-secret'):
-        mp.make_app(settings)
+        wiring.make_app(settings)
     assert not (tmp_path / 'never.db').exists()
 
 
 def test_the_command_line_says_so_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit:
-        mp.main(['serve', '--db', str(tmp_path / 'never.db'), '--stripe-secret-key', SECRET])
+        wiring.main(['serve', '--db', str(tmp_path / 'never.db'), '--stripe-secret-key', SECRET])
     assert exit.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert '--stripe-secret-key needs --stripe-webhook-secret' in error and SECRET not in error
@@ -216,7 +218,7 @@ def test_stripe_mode_makes_stripe_a_real_rail_and_refuses_simulated_base(client,
 def test_allow_simulated_rails_lets_a_base_job_open_at_once(tmp_path, stripe_module):
     settings = mp.Settings(db=str(tmp_path / 'demo.db'), rate_limits='off', stripe_secret_key=SECRET,
                            stripe_webhook_secret=WEBHOOK_SECRET, allow_simulated_rails=True)
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     try:
         _, key = mp.create_account(app.service.db, 'requester')
         status, _, answer = mp.call_app(app, 'POST', '/api/jobs', job_body(), key=key)
@@ -263,7 +265,7 @@ def test_a_pending_job_is_hidden_from_everyone_but_its_requester_and_admins(clie
     assert client.get(f'/api/jobs/{job["id"]}', key=ADMIN_KEY).json['job']['id'] == job['id']
     page = client.get(f'/jobs/{job["id"]}')
     assert page.status == 404 and b'once Stripe confirms' in page.body
-    assert mp.feed_jobs(client.app.service.db) == []
+    assert discovery.feed_jobs(client.app.service.db) == []
 
 
 def test_a_pending_job_can_be_neither_claimed_nor_cancelled(client, market, rail):
@@ -522,7 +524,7 @@ def test_the_sweep_cancels_a_job_whose_session_expired_and_leaves_open_ones(clie
 
 
 def test_the_sweep_without_stripe_reports_no_checkouts(tmp_path):
-    app = mp.make_app(mp.Settings(db=str(tmp_path / 'plain.db')))
+    app = wiring.make_app(mp.Settings(db=str(tmp_path / 'plain.db')))
     try:
         assert 'checkouts' not in mp.run_sweeps(app.service.db, app.service.settings)
     finally:
@@ -558,7 +560,7 @@ def real(tmp_path, fake_stripe):
                            public_url='http://market.test', allow_private_webhooks=True,
                            stripe_secret_key=fake_stripe.secret_key, stripe_webhook_secret=fake_stripe.webhook_secret,
                            stripe_api_base=fake_stripe.url)
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     yield app
     problems = mp.ledger_problems(app.service.db)
     app.service.close()

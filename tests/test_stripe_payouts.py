@@ -14,6 +14,7 @@ import pytest
 import requests
 
 import marketplace as mp
+import wiring
 from conftest import ADMIN_KEY, Client, LiveServer, Market, assert_error, job_body, make_account
 from fake_stripe import fake_stripe, fake_stripe_server  # noqa: F401  (the fixtures)
 from test_openapi import Checker
@@ -39,7 +40,7 @@ def fee_percent():
 @pytest.fixture
 def stripe_app(tmp_path, fake_stripe, fee_percent):     # noqa: F811  (a fixture)
     """The app in stripe mode on the fake; after the test the ledger must balance."""
-    app = mp.make_app(stripe_settings(tmp_path, fake_stripe, fee_percent=fee_percent))
+    app = wiring.make_app(stripe_settings(tmp_path, fake_stripe, fee_percent=fee_percent))
     yield app
     problems = mp.ledger_problems(app.service.db)
     app.service.close()
@@ -484,7 +485,7 @@ def test_a_job_paid_through_stripe_is_not_settled_without_stripe(world, tmp_path
     """The same database served without the Stripe key: the verdict is 503, nothing changes, the sweeps wait."""
     job, claim = world.delivered()
     before = world.payments(job)
-    plain = mp.make_app(mp.Settings(db=str(tmp_path / 'stripe.db'), rate_limits='off', admin_key=ADMIN_KEY,
+    plain = wiring.make_app(mp.Settings(db=str(tmp_path / 'stripe.db'), rate_limits='off', admin_key=ADMIN_KEY,
                                     public_url='http://market.test', allow_private_webhooks=True,
                                     allow_simulated_rails=True))
     try:

@@ -11,9 +11,9 @@ def test_health(client):
 
 
 def test_health_is_503_when_the_database_cannot_be_read(settings):
-    import marketplace as mp
+    import wiring
     from conftest import Client
-    app = mp.make_app(settings)
+    app = wiring.make_app(settings)
     app.service.db.close()
     answer = Client(app).get('/api/health')
     assert answer.status == 503

@@ -16,11 +16,12 @@ import pytest
 import requests
 
 import marketplace as mp
+import webhook_delivery
 from conftest import LiveServer, Receiver, job_body, make_account, make_agent, make_job, random_wallet
 from test_webhooks import other_app  # noqa: F401  (a fixture)
 
 TIMEOUT = 30                # seconds for any one HTTP call: only to avoid hanging, never asserted
-UNREACHABLE = mp.WEBHOOK_UNREACHABLE
+UNREACHABLE = webhook_delivery.WEBHOOK_UNREACHABLE
 
 
 class SlowDns:
@@ -80,7 +81,7 @@ def test_a_lookup_that_times_out_is_a_failed_attempt_and_one_that_answers_is_del
     row = db.row("SELECT * FROM webhook_deliveries WHERE agent_id = :id AND event = 'job.new'", {'id': agent['id']})
 
     dns.delay = 8           # the name takes 8 s to resolve: the lookup gives up after 2, a failed attempt
-    assert mp.deliver_webhook(db, app.service.settings, app.service.webhooks, row['id']) == 'pending'
+    assert webhook_delivery.deliver_webhook(db, app.service.settings, app.service.webhooks, row['id']) == 'pending'
     after = db.row('SELECT * FROM webhook_deliveries WHERE id = :id', {'id': row['id']})
     assert (after['attempts'], after['last_status_code'], after['last_error']) == (1, None, UNREACHABLE)
     assert db.value('SELECT webhook_failures FROM agents WHERE id = :id', {'id': agent['id']}) == 1
@@ -88,7 +89,7 @@ def test_a_lookup_that_times_out_is_a_failed_attempt_and_one_that_answers_is_del
     assert dns.asked[:1] == ['hooks.slow.test']
 
     dns.delay = 0           # answered at once: the same delivery goes to the address it names
-    assert mp.deliver_webhook(db, app.service.settings, app.service.webhooks, row['id']) == 'delivered'
+    assert webhook_delivery.deliver_webhook(db, app.service.settings, app.service.webhooks, row['id']) == 'delivered'
     assert db.value('SELECT webhook_failures FROM agents WHERE id = :id', {'id': agent['id']}) == 0
     assert receiver.wait_for(1)[0]['headers']['Host'] == f'hooks.slow.test:{port}'
     assert job['id'] in receiver.requests[0]['body'].decode()

@@ -2,7 +2,7 @@
 
 CONTRACT.md sections 2 and 6 ("Webhooks"), 11; SPEC.md "Events: Webhooks"; README "Webhooks".
 Everything runs in-process: no background worker runs here, so each test makes the attempts itself with
-mp.deliver_webhook against the conftest `receiver` (a real HTTP server on 127.0.0.1) and moves time
+webhook_delivery.deliver_webhook against the conftest `receiver` (a real HTTP server on 127.0.0.1) and moves time
 with mp.CLOCK.
 """
 
@@ -23,6 +23,8 @@ import pytest
 import standardwebhooks
 
 import marketplace as mp
+import webhook_delivery
+import wiring
 
 from conftest import (ADMIN_KEY, Client, assert_error, auto_verify, expire, free_port, in_hours, make_account, make_agent,
                       make_job)
@@ -51,7 +53,7 @@ def delivery(app, delivery_id):
 def attempt(app, delivery_id, settings=None):
     """One delivery attempt, as the background worker would make it; the row's new status."""
     service = app.service
-    return mp.deliver_webhook(service.db, settings or service.settings, service.webhooks, delivery_id)
+    return webhook_delivery.deliver_webhook(service.db, settings or service.settings, service.webhooks, delivery_id)
 
 
 def recipients(rows):
@@ -125,7 +127,7 @@ def other_app(settings, tmp_path):
 
     def build(**changes):
         changed = mp.Settings(**dict(vars(settings), db=str(tmp_path / f'other-{len(made)}.db'), **changes))
-        built = mp.make_app(changed)
+        built = wiring.make_app(changed)
         made.append(built)
         return built, Client(built)
 
@@ -493,8 +495,8 @@ def test_backoff_is_base_times_three_to_the_attempts_with_jitter(client, app, se
         after = delivery(app, row['id'])
         assert after['attempts'] == attempts
         wait = (mp.parse_time(after['next_attempt_at']) - start).total_seconds()
-        nominal = settings.webhook_retry_base * mp.WEBHOOK_RETRY_FACTOR ** (attempts - 1)
-        assert mp.WEBHOOK_RETRY_FACTOR == 3
+        nominal = settings.webhook_retry_base * webhook_delivery.WEBHOOK_RETRY_FACTOR ** (attempts - 1)
+        assert webhook_delivery.WEBHOOK_RETRY_FACTOR == 3
         assert nominal * 0.8 - 0.001 <= wait <= nominal * 1.2 + 0.001, (attempts, wait, nominal)
     assert len(receiver.requests) == 4
 
@@ -518,15 +520,15 @@ def test_retry_after_is_honoured(client, app, requester, hooked, receiver, statu
 
 def test_retry_after_seconds_reads_numbers_and_dates():
     start = freeze()
-    assert mp.retry_after_seconds('120') == 120
-    assert mp.retry_after_seconds(' 5 ') == 5
-    assert mp.retry_after_seconds(None) is None
-    assert mp.retry_after_seconds('') is None
-    assert mp.retry_after_seconds('soon') is None
-    assert mp.retry_after_seconds('-5') == 0
-    assert mp.retry_after_seconds('99999999') == mp.MAX_RETRY_AFTER
-    assert mp.retry_after_seconds(format_datetime(start + timedelta(seconds=300), usegmt=True)) == 300
-    assert mp.retry_after_seconds(format_datetime(start - timedelta(seconds=300), usegmt=True)) == 0
+    assert webhook_delivery.retry_after_seconds('120') == 120
+    assert webhook_delivery.retry_after_seconds(' 5 ') == 5
+    assert webhook_delivery.retry_after_seconds(None) is None
+    assert webhook_delivery.retry_after_seconds('') is None
+    assert webhook_delivery.retry_after_seconds('soon') is None
+    assert webhook_delivery.retry_after_seconds('-5') == 0
+    assert webhook_delivery.retry_after_seconds('99999999') == webhook_delivery.MAX_RETRY_AFTER
+    assert webhook_delivery.retry_after_seconds(format_datetime(start + timedelta(seconds=300), usegmt=True)) == 300
+    assert webhook_delivery.retry_after_seconds(format_datetime(start - timedelta(seconds=300), usegmt=True)) == 0
 
 
 def test_a_410_disables_the_webhook(client, app, requester, hooked, receiver):
@@ -570,23 +572,23 @@ def test_a_410_disables_the_webhook(client, app, requester, hooked, receiver):
 
 
 def test_the_last_attempt_fails_the_delivery(client, app, requester, hooked, receiver):
-    assert mp.WEBHOOK_ATTEMPTS >= 6                          # CONTRACT.md 6: at least 6 attempts
+    assert webhook_delivery.WEBHOOK_ATTEMPTS >= 6                          # CONTRACT.md 6: at least 6 attempts
     _, requester_key = requester
     _, _, agent, _ = hooked
     make_job(client, requester_key)
     row = only_row(outbox(app, 'job.new', agent=agent))
-    receiver.script = [(500, {}, 0)] * mp.WEBHOOK_ATTEMPTS
+    receiver.script = [(500, {}, 0)] * webhook_delivery.WEBHOOK_ATTEMPTS
     freeze()
-    for number in range(1, mp.WEBHOOK_ATTEMPTS):
+    for number in range(1, webhook_delivery.WEBHOOK_ATTEMPTS):
         assert attempt(app, row['id']) == 'pending'
         assert delivery(app, row['id'])['attempts'] == number
     assert attempt(app, row['id']) == 'failed'
     failed = delivery(app, row['id'])
-    assert (failed['status'], failed['attempts'], failed['last_status_code']) == ('failed', mp.WEBHOOK_ATTEMPTS, 500)
+    assert (failed['status'], failed['attempts'], failed['last_status_code']) == ('failed', webhook_delivery.WEBHOOK_ATTEMPTS, 500)
     assert failed['next_attempt_at'] is None
     assert failed['delivered_at'] is None
     assert attempt(app, row['id']) is None
-    assert len(receiver.requests) == mp.WEBHOOK_ATTEMPTS
+    assert len(receiver.requests) == webhook_delivery.WEBHOOK_ATTEMPTS
 
 
 def test_a_redirect_is_not_followed(client, app, requester, hooked, receiver):
@@ -689,7 +691,7 @@ def test_chat_formats_are_each_tools_own_body_and_signed(client, app, requester,
 
 
 def test_chat_message_keeps_the_json_body_for_json():
-    assert mp.chat_message(mp.SAMPLE_EVENT, 'json') is mp.SAMPLE_EVENT
+    assert webhook_delivery.chat_message(webhook_delivery.SAMPLE_EVENT, 'json') is webhook_delivery.SAMPLE_EVENT
 
 
 # SSRF ----------------------------------------------------------------------------------------
@@ -782,16 +784,16 @@ def test_patch_with_a_private_url_is_refused(strict, url):
 
 
 def test_send_time_check_blocks_a_private_address(receiver):
-    session = mp.webhook_session(False)
+    session = webhook_delivery.webhook_session(False)
     settings = mp.Settings(webhook_timeout=5.0)
     agent = {'webhook_url': receiver.url, 'webhook_format': 'json', 'webhook_secret': mp.new_webhook_secret()}
-    outcome = mp.send_webhook(session, settings, agent, mp.new_id(), 'job.new', mp.SAMPLE_EVENT)
+    outcome = webhook_delivery.send_webhook(session, settings, agent, mp.new_id(), 'job.new', webhook_delivery.SAMPLE_EVENT)
     assert outcome['statusCode'] is None
     assert outcome['error'] == 'no HTTP answer (could not connect, or no answer in time)'      # as a closed port reads: no oracle
     assert isinstance(outcome['responseTime'], float)
     assert receiver.requests == []
     # The same call with private addresses allowed reaches it: the check, not the receiver, stopped it.
-    outcome = mp.send_webhook(mp.webhook_session(True), settings, agent, mp.new_id(), 'job.new', mp.SAMPLE_EVENT)
+    outcome = webhook_delivery.send_webhook(webhook_delivery.webhook_session(True), settings, agent, mp.new_id(), 'job.new', webhook_delivery.SAMPLE_EVENT)
     assert (outcome['statusCode'], outcome['error']) == (200, None)
     assert len(receiver.wait_for(1)) == 1
 
@@ -938,8 +940,8 @@ def test_redeliver_starts_a_new_round_with_the_same_id(client, app, requester, h
     _, worker_key, agent, _ = hooked
     make_job(client, requester_key)
     row = only_row(outbox(app, 'job.new', agent=agent))
-    receiver.script = [(500, {}, 0)] * mp.WEBHOOK_ATTEMPTS
-    for _ in range(mp.WEBHOOK_ATTEMPTS):
+    receiver.script = [(500, {}, 0)] * webhook_delivery.WEBHOOK_ATTEMPTS
+    for _ in range(webhook_delivery.WEBHOOK_ATTEMPTS):
         attempt(app, row['id'])
     assert delivery(app, row['id'])['status'] == 'failed'
 
@@ -954,7 +956,7 @@ def test_redeliver_starts_a_new_round_with_the_same_id(client, app, requester, h
     assert len(outbox(app)) == 1                                # no new row
 
     assert attempt(app, row['id']) == 'delivered'
-    requests_made = receiver.wait_for(mp.WEBHOOK_ATTEMPTS + 1)
+    requests_made = receiver.wait_for(webhook_delivery.WEBHOOK_ATTEMPTS + 1)
     assert header(requests_made[-1], 'X-Service-Delivery') == row['id']
     assert requests_made[-1]['status'] == 200
     done = delivery(app, row['id'])
@@ -964,7 +966,7 @@ def test_redeliver_starts_a_new_round_with_the_same_id(client, app, requester, h
     answer = client.post(f'/api/agents/{agent["id"]}/webhooks/{row["id"]}/redeliver', key=ADMIN_KEY)
     assert answer.status == 202, answer
     assert attempt(app, row['id']) == 'delivered'
-    assert header(receiver.wait_for(mp.WEBHOOK_ATTEMPTS + 2)[-1], 'X-Service-Delivery') == row['id']
+    assert header(receiver.wait_for(webhook_delivery.WEBHOOK_ATTEMPTS + 2)[-1], 'X-Service-Delivery') == row['id']
 
 
 def test_redeliver_refusals(client, app, requester, hooked):
@@ -1146,7 +1148,7 @@ def test_webhook_templates(client):
     for template in templates:
         assert set(template) == {'id', 'name', 'description', 'relay', 'example'}
         assert template['description'].strip() and template['relay'].strip()
-        assert template['example'] == mp.chat_message(mp.SAMPLE_EVENT, template['id'])
+        assert template['example'] == webhook_delivery.chat_message(webhook_delivery.SAMPLE_EVENT, template['id'])
     slack, discord, telegram = (t['example'] for t in templates)
     assert set(slack) == {'text', 'blocks'}
     assert set(discord) == {'content', 'embeds', 'allowed_mentions'}
@@ -1316,8 +1318,8 @@ def test_a_closed_port_and_a_blocked_address_read_the_same(strict, client, recei
               'webhook_secret': mp.new_webhook_secret()}
     blocked = dict(closed, webhook_url=receiver.url)
     settings = mp.Settings(webhook_timeout=5.0)
-    refused = mp.send_webhook(mp.webhook_session(True), settings, closed, mp.new_id(), 'job.new', mp.SAMPLE_EVENT)
-    stopped = mp.send_webhook(mp.webhook_session(False), settings, blocked, mp.new_id(), 'job.new', mp.SAMPLE_EVENT)
+    refused = webhook_delivery.send_webhook(webhook_delivery.webhook_session(True), settings, closed, mp.new_id(), 'job.new', webhook_delivery.SAMPLE_EVENT)
+    stopped = webhook_delivery.send_webhook(webhook_delivery.webhook_session(False), settings, blocked, mp.new_id(), 'job.new', webhook_delivery.SAMPLE_EVENT)
     assert (refused['statusCode'], refused['error']) == (None, UNREACHABLE)
     assert (stopped['statusCode'], stopped['error']) == (None, UNREACHABLE)
     assert receiver.requests == []
@@ -1352,8 +1354,8 @@ def test_the_connection_goes_to_the_address_checked(monkeypatch, receiver):
     port = receiver.server.server_address[1]
     agent = {'id': 'a', 'webhook_url': f'http://rebind.test:{port}/hook', 'webhook_format': 'json',
              'webhook_secret': mp.new_webhook_secret()}
-    outcome = mp.send_webhook(mp.webhook_session(False), mp.Settings(webhook_timeout=5.0), agent, mp.new_id(),
-                              'job.new', mp.SAMPLE_EVENT)
+    outcome = webhook_delivery.send_webhook(webhook_delivery.webhook_session(False), mp.Settings(webhook_timeout=5.0), agent, mp.new_id(),
+                              'job.new', webhook_delivery.SAMPLE_EVENT)
     assert asked == ['rebind.test']                     # resolved once, never again
     assert (outcome['statusCode'], outcome['error']) == (None, UNREACHABLE)     # 127.0.0.2 refused it
     assert receiver.requests == []
@@ -1364,8 +1366,8 @@ def test_a_pinned_connection_keeps_the_name_in_the_host_header(monkeypatch, rece
     port = receiver.server.server_address[1]
     agent = {'id': 'a', 'webhook_url': f'http://hooks.example.test:{port}/hook?x=1', 'webhook_format': 'json',
              'webhook_secret': mp.new_webhook_secret()}
-    outcome = mp.send_webhook(mp.webhook_session(True), mp.Settings(webhook_timeout=5.0), agent, mp.new_id(),
-                              'job.new', mp.SAMPLE_EVENT)
+    outcome = webhook_delivery.send_webhook(webhook_delivery.webhook_session(True), mp.Settings(webhook_timeout=5.0), agent, mp.new_id(),
+                              'job.new', webhook_delivery.SAMPLE_EVENT)
     assert (outcome['statusCode'], outcome['error']) == (200, None)
     request = only_row(receiver.wait_for(1))
     assert (header(request, 'Host'), request['path']) == (f'hooks.example.test:{port}', '/hook?x=1')
@@ -1380,18 +1382,18 @@ def test_a_name_with_one_private_address_among_public_ones_is_blocked(monkeypatc
     monkeypatch.setattr(socket, 'getaddrinfo', resolve)
     agent = {'id': 'a', 'webhook_url': 'http://mixed.test/hook', 'webhook_format': 'json',
              'webhook_secret': mp.new_webhook_secret()}
-    outcome = mp.send_webhook(mp.webhook_session(False), mp.Settings(webhook_timeout=5.0), agent, mp.new_id(),
-                              'job.new', mp.SAMPLE_EVENT)
+    outcome = webhook_delivery.send_webhook(webhook_delivery.webhook_session(False), mp.Settings(webhook_timeout=5.0), agent, mp.new_id(),
+                              'job.new', webhook_delivery.SAMPLE_EVENT)
     assert (outcome['statusCode'], outcome['error']) == (None, UNREACHABLE)
 
 
-HOSTILE = dict(mp.SAMPLE_EVENT, data=dict(mp.SAMPLE_EVENT['data'],
+HOSTILE = dict(webhook_delivery.SAMPLE_EVENT, data=dict(webhook_delivery.SAMPLE_EVENT['data'],
                                           title='[click](https://evil.example) @everyone <!channel> <@123> **#1**',
                                           category='code_~|>`-'))
 
 
 def test_discord_shows_user_text_as_text_and_pings_nobody():
-    sent = mp.chat_message(HOSTILE, 'discord')
+    sent = webhook_delivery.chat_message(HOSTILE, 'discord')
     assert sent['allowed_mentions'] == {'parse': []}
     title = (r'\[click\]\(https://evil.example\) @' '\u200b' r'everyone \<!channel\> \<@' '\u200b'
              r'123\> \*\*\#1\*\*')
@@ -1404,12 +1406,12 @@ def test_discord_shows_user_text_as_text_and_pings_nobody():
 
 
 def test_slack_and_telegram_escapes_hold():
-    slack = mp.chat_message(HOSTILE, 'slack')
+    slack = webhook_delivery.chat_message(HOSTILE, 'slack')
     escaped = '[click](https://evil.example) @everyone &lt;!channel&gt; &lt;@123&gt; **#1**'
     assert slack['text'].startswith(f'New job: {escaped} (')
     assert f'|{escaped}>' in slack['blocks'][0]['text']['text']
     assert '<!channel>' not in json.dumps(slack) and '<@123>' not in json.dumps(slack)
-    telegram = mp.chat_message(HOSTILE, 'telegram')
+    telegram = webhook_delivery.chat_message(HOSTILE, 'telegram')
     assert f'>{escaped}</a>' in telegram['text']
     assert telegram['text'].count('<a ') == 1 and '<!channel>' not in telegram['text']
 
@@ -1428,7 +1430,7 @@ class HeldPool:
 
 
 def held_worker(app, size):
-    worker_ = mp.WebhookWorker(app.service, concurrency=size)
+    worker_ = webhook_delivery.WebhookWorker(app.service, concurrency=size)
     worker_.pool = HeldPool(size)
     return worker_
 

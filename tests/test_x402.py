@@ -24,6 +24,9 @@ from a2a.utils.proto_utils import validate_proto_required_fields
 from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, proof_typed_data, sign_funding, sign_proof
 
 import marketplace as mp
+import openapi_spec
+import pay_per_call
+import wiring
 from conftest import ADMIN_KEY, Client, assert_error, job_body, make_account
 from test_cards import header
 from test_openapi import Checker
@@ -38,7 +41,7 @@ SOMEONE = DEV_ADDRESSES[4]
 BASE = 'http://market.test'
 MATCH = '/api/jobs/match'
 PRICE = 10_000                  # 0.01 USDC
-MATCH_SUMMARY = mp.API_OPERATIONS[('GET', '/api/jobs/match')]['summary']
+MATCH_SUMMARY = openapi_spec.API_OPERATIONS[('GET', '/api/jobs/match')]['summary']
 REQUIREMENTS = {'scheme': 'exact', 'network': 'base', 'maxAmountRequired': '10000',
                 'resource': BASE + MATCH, 'description': f'GET /api/jobs/match: {MATCH_SUMMARY}',
                 'mimeType': 'application/json', 'payTo': PAY_TO, 'maxTimeoutSeconds': 60, 'asset': USDC,
@@ -62,7 +65,7 @@ def started(tmp_path, usdc, anvil):
                       public_url=BASE, rpc_url=anvil.url, escrow_key=ESCROW_KEY, confirmations=1,
                       x402_price=mp.parse_prices('GET /api/jobs/match=0.01'), x402_pay_to=PAY_TO)
         values.update(overrides)
-        apps.append(mp.make_app(mp.Settings(**values)))
+        apps.append(wiring.make_app(mp.Settings(**values)))
         return Client(apps[-1])
     yield start
     for app in apps:
@@ -181,14 +184,14 @@ def test_prices_from_the_environment_and_from_a_repeated_flag():
 def test_x402_without_rpc_url_refuses_to_start(tmp_path):
     settings = mp.Settings(db=str(tmp_path / 'x.db'), x402_price=mp.parse_prices('GET /api/jobs/match=0.01'))
     with pytest.raises(ValueError, match='--x402-price needs --rpc-url'):
-        mp.make_app(settings)
+        wiring.make_app(settings)
 
 
 def test_x402_works_on_base_and_base_sepolia_only():
     settings = mp.Settings(chain_id=31337, x402_price=mp.parse_prices('GET /api/jobs/match=0.01'))
     settings.onchain = object()         # X402 reads nothing of it before the chain id
     with pytest.raises(ValueError, match=r'Base \(8453\) and Base Sepolia \(84532\), not on chain 31337'):
-        mp.X402(settings)
+        pay_per_call.X402(settings)
 
 
 def x402_settings(tmp_path, **overrides):
@@ -207,7 +210,7 @@ def x402_settings(tmp_path, **overrides):
 ])
 def test_x402_pay_to_is_required_an_address_and_never_the_escrow_address(tmp_path, pay_to, message):
     with pytest.raises(ValueError, match=message):
-        mp.make_app(x402_settings(tmp_path, x402_pay_to=pay_to))
+        wiring.make_app(x402_settings(tmp_path, x402_pay_to=pay_to))
 
 
 def test_the_command_line_refuses_a_missing_or_escrow_pay_to_in_one_line(tmp_path):
@@ -602,7 +605,7 @@ def test_get_x402_lists_the_priced_endpoints(started):
     assert answer.status == 200, answer
     job_requirements = dict(REQUIREMENTS, maxAmountRequired='1500000', resource=BASE + '/api/jobs/{job_id}',
                             description='GET /api/jobs/{job_id}: '
-                                        + mp.API_OPERATIONS[('GET', '/api/jobs/<job_id>')]['summary'])
+                                        + openapi_spec.API_OPERATIONS[('GET', '/api/jobs/<job_id>')]['summary'])
     assert answer.json == {
         'x402Version': 1, 'x402Versions': [1, 2], 'enabled': True, 'network': 'base', 'networkV2': 'eip155:8453',
         'chainId': 8453, 'asset': USDC, 'payTo': PAY_TO, 'settlement': 'relayer',

@@ -26,6 +26,8 @@ import responses
 from chain import DEV_ADDRESSES, DEV_KEYS, USDC, Account, sign_authorization, sign_funding, sign_proof
 
 import marketplace as mp
+import pay_per_call
+import wiring
 from conftest import ADMIN_KEY, Client, assert_error, job_body, make_account
 from test_cards import header
 from test_x402 import PAY_TO, payment_response      # PAY_TO: --x402-pay-to, where the USDC goes
@@ -57,7 +59,7 @@ def start(tmp_path, anvil, usdc):
                       x402_price=mp.parse_prices('GET /api/jobs/match=0.01; POST /api/jobs=0.05'), x402_pay_to=PAY_TO,
                       allow_simulated_rails=True)       # paid posts make USD jobs, simulated beside real USDC
         values.update(overrides)
-        app = mp.make_app(mp.Settings(**values))
+        app = wiring.make_app(mp.Settings(**values))
         apps.append(app)
         return app
     yield start_app
@@ -77,7 +79,7 @@ def app(start):
 @pytest.fixture
 def slow(monkeypatch):
     """A paid call waits SLOW seconds for its settlement instead of 10."""
-    monkeypatch.setattr(mp, 'SETTLEMENT_WAIT', SLOW)
+    monkeypatch.setattr(pay_per_call, 'SETTLEMENT_WAIT', SLOW)
 
 
 def authorization(anvil, key=PAYER_KEY, to=PAY_TO, value=MATCH_PRICE, valid_after=None, valid_before=None,

@@ -17,6 +17,7 @@ import pytest
 from chain import DEV_ADDRESSES, DEV_KEYS, OTHER_TOKEN, USDC, Account, sign_authorization, sign_proof
 
 import marketplace as mp
+import discovery
 from test_cards import header
 from test_x402 import BASE, MATCH_SUMMARY, PAY_TO, REQUIREMENTS, REQUIREMENTS_V2
 from test_x402 import pay as transfer_to_pay_to
@@ -271,4 +272,4 @@ def test_the_service_lists_both_versions(anvil, app, client):
     assert (listing['x402Versions'], listing['network'], listing['networkV2']) == ([1, 2], 'base', 'eip155:8453')
     [endpoint] = [e for e in listing['endpoints'] if e['path'] == '/api/jobs/match']
     assert (endpoint['networks'], endpoint['acceptsV2']) == (['base', 'eip155:8453'], [REQUIREMENTS_V2])
-    assert mp.X402_EXTENSION in json.dumps(client.get('/.well-known/agent-card.json').json)
+    assert discovery.X402_EXTENSION in json.dumps(client.get('/.well-known/agent-card.json').json)

@@ -1,0 +1,48 @@
+"""The program's top: the marketplace's rules (marketplace.py) handed their faces.
+
+The faces speak other vocabularies than the rules: the pages for people (pages.py), the OpenAPI document
+(openapi_spec.py), the HTTP layer (http_server.py), x402 (pay_per_call.py), webhook delivery
+(webhook_delivery.py), the feed and the agent cards (discovery.py), and MCP on stdio (mcp_server.py, an HTTP
+client of the API). Each imports the rules it uses; the rules never import a face. This module, imported by
+`python marketplace.py` and by the tests, is the one place that knows them all: importing the faces registers
+their API routes with the rules' `route` (all discovery.py has to hand over), and FACES hands the app what it
+calls of them (marketplace.Faces).
+"""
+
+import discovery
+import http_server
+import marketplace
+import openapi_spec
+import pages
+import pay_per_call
+import webhook_delivery
+
+
+def run_mcp(url, api_key, timeout):
+    """`marketplace.py mcp`: the MCP server on stdio, an HTTP client of the API at `url`. mcp_server.py, the only
+    user of the mcp SDK, is imported for this command alone: the SDK runs on asyncio, never under gevent's patches,
+    and `serve` never loads it. It imports nothing of the service, so this import hides no cycle."""
+    import mcp_server
+    mcp_server.run(url, api_key, timeout)
+
+
+FACES = marketplace.Faces(
+    openapi_document=openapi_spec.openapi_document,
+    operations=openapi_spec.API_OPERATIONS,
+    x402=pay_per_call.X402,
+    webhook_session=webhook_delivery.webhook_session,
+    webhook_worker=webhook_delivery.WebhookWorker,
+    make_server=http_server.make_server,
+    mount_pages=pages.mount,
+    run_mcp=run_mcp,
+)
+
+
+def make_app(settings):
+    """The whole app for these settings: the API, the pages, the OpenAPI document, x402 and webhooks."""
+    return marketplace.make_app(settings, FACES)
+
+
+def main(argv=None):
+    """The command line (marketplace.main) with the faces."""
+    return marketplace.main(FACES, argv)
