@@ -4550,9 +4550,12 @@ def replica_lag(db):
 
 
 def replica_lagging(service):
-    """A read replica's lag when it is over --max-replica-lag (it then serves no reads), else None."""
+    """A read replica's lag when it is over --max-replica-lag, or the lag it last had over it while the view that
+    lagged is not yet replaced by a fresh one (watch_replica_forever): it then serves no reads. Else None."""
     lag = replica_lag(service.db)
-    return lag if lag is not None and lag > service.settings.max_replica_lag else None
+    if lag is not None and lag > service.settings.max_replica_lag:
+        return lag
+    return service.replica_resync_lag
 
 
 def watch_replica_forever(service):
@@ -4561,17 +4564,35 @@ def watch_replica_forever(service):
     before the primary's first compaction stops following at the second one and never catches up (0.5.17, an
     upstream bug: README, "Read replicas"), while a new connection in the same process reads the replica as it is.
     A primary whose Litestream stopped makes every replica lag too: reopening then changes nothing, and reads go
-    on being refused until the heartbeats arrive again."""
+    on being refused until the heartbeats arrive again.
+
+    A view that caught up after lagging is not trusted either: when the primary's Litestream goes on after a stall,
+    its overdue L1 compaction (ending before the changes made meanwhile) and the L0 files holding those changes
+    reach the extension in one poll, and if the database grew meanwhile, 0.5.17 replaces its page index with the
+    L1 file's pages alone: the changes of those L0 files are lost for good (a job posted during the stall never
+    shows) while the later heartbeats do show. So reads stay refused (service.replica_resync_lag) until a fresh
+    view, opened after the catch-up, is itself within the limit."""
     import gevent
-    limit, reopened, lagging = service.settings.max_replica_lag, -math.inf, False
+    limit, reopened = service.settings.max_replica_lag, -math.inf
     while True:
         gevent.sleep(REPLICA_POLL_SECONDS)
         try:
             lag = replica_lag(service.db)
         except apsw.Error:
-            log.exception('reading the replica\'s lag failed; trying again')
+            # The same upstream bug leaves pages out of the index when they are not cached ("page not found",
+            # "database disk image is malformed"): a fresh view, and reads refused till it is within the limit.
+            log.exception('reading the replica\'s lag failed; its view of the replica is reopened')
+            if service.replica_resync_lag is None:
+                service.replica_resync_lag = float(limit)
+            try:
+                service.db.reopen()
+                service.replica_reopenings += 1
+            except Exception:
+                log.exception('reopening the replica failed; trying again')
             continue
         over = lag is not None and lag > limit
+        if over:
+            service.replica_resync_lag = lag
         if over and time.monotonic() - reopened >= limit:
             log.warning('read replica %s s behind its primary (over --max-replica-lag %g s): reads are refused, '
                         'and its view of the replica is reopened', lag, limit)
@@ -4581,9 +4602,19 @@ def watch_replica_forever(service):
             except Exception:
                 log.exception('reopening the replica failed; trying again in %g s', limit)
             reopened = time.monotonic()
-        elif lagging and not over:
-            log.info('read replica caught up: %s s behind its primary; serving reads again', lag)
-        lagging = over
+        elif service.replica_resync_lag is not None and not over:
+            # the view that caught up may have lost changes: a fresh one, and reads once it is within the limit
+            log.info('read replica caught up (%s s behind its primary): its view of the replica is reopened before '
+                     'it serves reads again', lag)
+            try:
+                service.db.reopen()
+                service.replica_reopenings += 1
+                lag = replica_lag(service.db)
+            except Exception:
+                log.exception('reopening the replica after it caught up failed; trying again')
+                continue
+            if lag is not None and lag <= limit:
+                service.replica_resync_lag = None
 
 
 def publish_replicated_jobs(db, hub, after_seq, waiting):
@@ -4727,9 +4758,10 @@ def health():
     if svc.replica and connected:
         health['replicaOf'] = svc.db.path
         health['lag'] = replica_lag(svc.db)
-        if health['lag'] is not None and health['lag'] > svc.settings.max_replica_lag:
+        lagging = replica_lagging(svc)
+        if lagging is not None:
             # Over its limit: a proxy's health check takes it out of the pool until it catches up.
-            error = ReplicaLagging(health['lag'], svc.settings.max_replica_lag)
+            error = ReplicaLagging(lagging, svc.settings.max_replica_lag)
             response.status = 503
             response.set_header('Retry-After', '5')
             health.update(status='lagging', error=error.message, code=error.code)
@@ -5586,7 +5618,8 @@ class Service:
             raise ValueError(STRIPE_NEEDS_WEBHOOK_SECRET)
         self.settings = settings
         self.replica = bool(settings.read_replica_of)   # reads only, from the primary's replica (ReplicaDatabase)
-        self.replica_reopenings = 0     # a replica's views reopened because it lagged (watch_replica_forever)
+        self.replica_reopenings = 0     # a replica's views reopened: lagged, caught up, failed (watch_replica_forever)
+        self.replica_resync_lag = None      # a replica's lag while a view that lagged is not yet replaced
         if self.replica:
             self.db = ReplicaDatabase(settings.read_replica_of)
             check_replica_schema(self.db)

@@ -32,7 +32,7 @@ class State:
     chain_reachable: bool = None        # onchain mode only
     database_bytes: int = 0             # the database file and its WAL
     replica_lag: float = None           # a read replica only: seconds behind its primary (None before a heartbeat)
-    replica_reopenings: int = None      # a read replica only: views reopened because it lagged
+    replica_reopenings: int = None      # a read replica only: views reopened (lagged, caught up, failed)
 
 
 class StateCollector:
@@ -75,8 +75,9 @@ class StateCollector:
                                     value=state.replica_lag)
         if state.replica_reopenings is not None:
             yield CounterMetricFamily('marketplace_replica_reopenings',
-                                      'A read replica: times its view of the replica was reopened because it '
-                                      'lagged more than --max-replica-lag.', value=state.replica_reopenings)
+                                      'A read replica: times its view of the replica was reopened (it lagged more '
+                                      'than --max-replica-lag, caught up after lagging, or failed a read).',
+                                      value=state.replica_reopenings)
 
 
 class Metrics:

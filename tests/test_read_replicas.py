@@ -345,7 +345,8 @@ def test_a_lagging_replica_says_so_in_health_and_serves_no_stale_read(cluster, s
     key = account(primary)
     try:
         wait_until(lambda: call(forwarding, 'GET', '/api/health')['lag'] is not None, SEEN_WITHIN, 'a heartbeat')
-        assert metric(forwarding, 'marketplace_replica_reopenings_total') == 0
+        # Under load a replica's first view may already lag and be reopened once: count from here.
+        before = metric(refusing, 'marketplace_replica_reopenings_total')
         primary.process.send_signal(signal.SIGSTOP)         # the pid is Litestream's; the server is its child
         try:
             job = call(primary, 'POST', '/api/jobs', job_body(title='Posted while the replica lags'), key, 201)['job']
@@ -361,7 +362,7 @@ def test_a_lagging_replica_says_so_in_health_and_serves_no_stale_read(cluster, s
             assert (answer.status_code, answer.json()['code'], answer.headers['Retry-After']) == \
                 (503, 'replica_lagging', '5'), answer.text
             assert answer.json()['lag'] > 6
-            wait_until(lambda: metric(refusing, 'marketplace_replica_reopenings_total') == 1, TIMEOUT,
+            wait_until(lambda: metric(refusing, 'marketplace_replica_reopenings_total') >= before + 1, TIMEOUT,
                        'the view reopened')
             assert metric(refusing, 'marketplace_replica_lag_seconds') > 6
         finally:
@@ -439,7 +440,7 @@ def test_a_lagging_replica_refuses_every_read_but_health_metrics_and_static_file
     beat = None if lag is None else (time.time() - lag) * 1000
     app = types.SimpleNamespace(service=types.SimpleNamespace(
         x402=None, db=types.SimpleNamespace(value=lambda sql: beat),
-        settings=types.SimpleNamespace(primary_url='', max_replica_lag=30.0)))
+        settings=types.SimpleNamespace(primary_url='', max_replica_lag=30.0), replica_resync_lag=None))
     mp.request.bind({'REQUEST_METHOD': method, 'PATH_INFO': path, 'QUERY_STRING': ''})
     if not refused:
         assert mp.send_writes_to_primary(app) is None
@@ -450,3 +451,35 @@ def test_a_lagging_replica_refuses_every_read_but_health_metrics_and_static_file
     assert (raised.value.status_code, body['code'], raised.value.headers['Retry-After']) == \
         (503, 'replica_lagging', '5')
     assert 40 <= body['lag'] < 41 and body['error'].startswith('This read replica is 40')
+
+
+def test_a_view_that_caught_up_or_failed_is_replaced_before_reads_are_served_again(monkeypatch):
+    """Unit level, a scripted view (its lag at each look): litestream-vfs 0.5.17 may lose the changes of the L0 files
+    it reads in the poll that brings an L1 compaction (README, "Read replicas"), most likely when a replica catches
+    up after lagging, and may then fail a read ("malformed"). So a view that caught up, or failed, is replaced by a
+    fresh one, and reads stay refused (replica_resync_lag) until the fresh view is within the limit."""
+    class Done(Exception):
+        pass
+    script = iter([2, 40, 40, 1, 1, 'failed', 1, 1])
+    seen = []       # (the lag read, were reads refused when it was read?)
+
+    class View:
+        def value(self, sql):
+            lag = next(script, None)
+            if lag is None:
+                raise Done()
+            seen.append((lag, service.replica_resync_lag is not None))
+            if lag == 'failed':
+                raise mp.apsw.CorruptError('database disk image is malformed')
+            return (time.time() - lag) * 1000
+
+        def reopen(self):
+            seen.append('reopened')
+    service = types.SimpleNamespace(db=View(), settings=types.SimpleNamespace(max_replica_lag=30.0),
+                                    replica_reopenings=0, replica_resync_lag=None)
+    monkeypatch.setattr(mp, 'REPLICA_POLL_SECONDS', 0)
+    with pytest.raises(Done):
+        mp.watch_replica_forever(service)
+    assert seen == [(2, False), (40, False), 'reopened', (40, True), (1, True), 'reopened', (1, True),
+                    ('failed', False), 'reopened', (1, True), 'reopened', (1, True)]
+    assert (service.replica_reopenings, service.replica_resync_lag) == (4, None)
