@@ -22,7 +22,6 @@ HEADER_TIMEOUT = 2.0        # --header-timeout of the module's server
 KEEPALIVE_TIMEOUT = 3.0     # --keepalive-timeout of the module's server
 EARLY = 0.1                 # the event loop's clock may start a timer this much late: a close this much early is on time
 LATE = 1.5                  # how late a time-out may close under the load of other tests
-AT_ONCE = 1.0               # a connection over a cap is closed within this
 HALF_HEADERS = b'GET /api/health HTTP/1.1\r\nHost: x\r\nUser-Agent: slow\r\n'
 HEALTH = b'GET /api/health HTTP/1.1\r\nHost: x\r\n\r\n'
 BAD_REQUEST = {'error': http_server.PROTOCOL_ERRORS[400][2], 'code': 'bad_request', 'status': 400}
@@ -160,7 +159,8 @@ def test_1100_half_sent_header_blocks_from_one_address_leave_health_fast(server)
     refused = [attacker for attacker in attackers if not attacker.answer]
     kept = [attacker for attacker in attackers if attacker.answer]
     assert (len(refused), len(kept)) == (1100 - 64, 64)
-    assert max(attacker.closed - attacker.opened for attacker in refused) < AT_ONCE
+    # refused as they come: each closed before the header time-out that ends the held ones, whatever the load
+    assert max(attacker.closed - attacker.opened for attacker in refused) < HEADER_TIMEOUT - EARLY
     assert {attacker.answer.split(b'\r\n')[0] for attacker in kept} == {b'HTTP/1.1 408 Request Timeout'}
     held = sorted(attacker.closed - attacker.opened for attacker in kept)
     assert HEADER_TIMEOUT - EARLY <= held[0] and held[-1] <= HEADER_TIMEOUT + LATE, held
@@ -278,7 +278,7 @@ def test_unambiguous_framing_reaches_the_app(server, framing, body):
 def test_the_65th_connection_from_one_address_is_closed_while_another_address_connects(server):
     held = [connect(server, '127.0.0.4') for _ in range(64)]
     extra = connect(server, '127.0.0.4')
-    assert wait_closed(extra, AT_ONCE) is not None
+    assert wait_closed(extra, 10) is not None       # closed as it is accepted, nothing read
     assert read_all(extra) == b''
     extra.close()
     health_seconds(server, '127.0.0.5')        # answered 200: another address is served (a held one times out)
@@ -298,15 +298,27 @@ def test_connections_over_max_connections_are_closed_from_any_address(tmp_path):
     capped = LiveServer(tmp_path / 'capped.db', ['--max-connections', '20']).start()
     Output(capped)
     try:
-        held = [connect(capped, '127.0.0.6') for _ in range(20)]
-        time.sleep(0.2)     # the server has accepted the 20 (and closed the health checks of start())
+        # 20 connections the server has accepted and answered once, kept alive: then it holds them, whatever the
+        # machine's load (one refused while the server still counted start()'s health checks is made again).
+        held, attempts = [], 0
+        while len(held) < 20:
+            attempts += 1
+            assert attempts <= 40
+            connection = http.client.HTTPConnection('127.0.0.1', capped.port, timeout=10,
+                                                    source_address=('127.0.0.6', 0))
+            try:
+                connection.request('GET', '/api/health')
+                assert connection.getresponse().read()
+                held.append(connection)
+            except (ConnectionError, http.client.RemoteDisconnected):
+                connection.close()
         for source in ('127.0.0.7', '127.0.0.1'):
             extra = connect(capped, source)
-            assert wait_closed(extra, AT_ONCE) is not None
+            assert wait_closed(extra, 10) is not None       # closed as it is accepted, nothing read
             assert read_all(extra) == b''
             extra.close()
         held.pop().close()
-        assert wait_closed(held[0], 0.3) is None        # the others stay open
+        assert wait_closed(held[0].sock, 0.3) is None   # the others stay open
         deadline = time.monotonic() + 5
         while True:
             try:
@@ -315,8 +327,8 @@ def test_connections_over_max_connections_are_closed_from_any_address(tmp_path):
             except (ConnectionError, http.client.RemoteDisconnected):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-        for sock in held:
-            sock.close()
+        for connection in held:
+            connection.close()
     finally:
         capped.process.kill()
         capped.process.wait(10)
