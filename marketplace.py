@@ -566,9 +566,8 @@ STATUS_CODES = {400: 'bad_request', 401: 'unauthorized', 403: 'forbidden', 404: 
                 503: 'unavailable'}
 
 
+# Settings x402 cannot start without (Service, x402_pay_to).
 X402_NEEDS_CHAIN = '--x402-price needs --rpc-url and --escrow-key: x402 payments are checked on chain'
-
-
 X402_NEEDS_PAY_TO = '--x402-price needs --x402-pay-to: the address x402 payments go to (never the escrow address)'
 
 
@@ -1542,6 +1541,12 @@ class OnChain:
         latest = self.latest[1]
         return {'chainId': self.settings.chain_id, 'latestBlock': latest, 'escrowAddress': self.escrow_address,
                 'usdcAddress': self.usdc, 'reachable': latest is not None}
+
+
+def used_payment(db, chain_id, tx_hash):
+    """What a transaction hash paid for already (used_payments), or None."""
+    return db.row('SELECT * FROM used_payments WHERE chain_id = :chain AND tx_hash = :hash',
+                  {'chain': chain_id, 'hash': tx_hash})
 
 
 ###############################################################################
@@ -4675,12 +4680,6 @@ def route(method, path, limit=_READ):
         ROUTES.append((method, path, handler, ('read' if method == 'GET' else None) if limit is _READ else limit))
         return handler
     return register
-
-
-def used_payment(db, chain_id, tx_hash):
-    """What a transaction hash paid for already (used_payments), or None."""
-    return db.row('SELECT * FROM used_payments WHERE chain_id = :chain AND tx_hash = :hash',
-                  {'chain': chain_id, 'hash': tx_hash})
 
 
 def openapi_path(path):
