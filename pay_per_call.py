@@ -189,7 +189,10 @@ class X402:
                     f'The payment is for {resource!r}, not for {price.endpoint}.', 'payment_invalid'))
         self.covered(db, evaluation, mark)
         if evaluation.form == 'authorization' and not by_facilitator and evaluation.error is None:
-            evaluation.checks.run('settles', self.check_settles, evaluation.payment)
+            if not evaluation.checks.run('settles', self.check_settles, evaluation.payment):
+                # A settlement of the same payer reserved since the balance was judged may be why it reverts: then
+                # the balance speaks (payment_insufficient, before `settles` in the checks' order), not the revert.
+                self.covered(db, evaluation, mark)
         return evaluation
 
     def covered(self, db, evaluation, mark):

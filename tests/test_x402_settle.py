@@ -333,6 +333,33 @@ def test_a_settlement_that_would_revert_is_refused_before_anything_is_signed(anv
     assert db_of(app).value('SELECT count(*) FROM used_payments') == 0
 
 
+def test_a_settlement_reserved_between_the_balance_check_and_the_simulation_makes_it_payment_insufficient(
+        anvil, app, client, monkeypatch):
+    """The race of test_x402_live's six authorizations, made certain: the second payment's balance is judged before
+    the first is reserved, and its settlement simulated after the first was mined. It is refused for the balance
+    the first took (payment_insufficient), as every other of the six is, not as a revert."""
+    anvil.mint(PAYER, MATCH_PRICE)      # enough for one call
+    first, second = authorization(anvil), authorization(anvil)
+    x402 = app.service.x402
+    simulate = x402.check_settles
+
+    def first_settled_meanwhile(payment):
+        """What a racing request does between the two: the first reserved (its row), sent and mined."""
+        auth = first['payload']['authorization']
+        db_of(app).insert('x402_payments', {
+            'id': 'racing', 'form': 'authorization', 'endpoint': 'GET /api/jobs/match', 'chain_id': anvil.chain_id,
+            'asset': USDC, 'payer': PAYER, 'amount': MATCH_PRICE, 'authorization_nonce': auth['nonce'].lower(),
+            'status': 'pending', 'created_at': mp.now_iso()})
+        anvil.transfer_with_authorization({'authorization': auth, 'signature': first['payload']['signature']})
+        simulate(payment)
+    monkeypatch.setattr(x402, 'check_settles', first_settled_meanwhile)
+
+    body = refused(pay(client, second), 'payment_insufficient', 'balance')
+    assert failed_checks(body['checks']) == ['balance', 'settles']
+    assert f'holds {MATCH_PRICE} base units of USDC, {MATCH_PRICE} of them promised' in body['error'], body
+    assert anvil.balance(PAYER) == 0
+
+
 def test_pending_authorizations_of_a_payer_count_against_its_balance(anvil, app, client, slow):
     anvil.mint(PAYER, MATCH_PRICE + MATCH_PRICE // 2)      # enough for one call and a half
     anvil.automine(False)
