@@ -294,6 +294,8 @@ SETTINGS = [
     Setting('usdc_address', '', str, 'the USDC contract (default: the USDC of --chain-id)'),
     Setting('escrow_key', '', str,
             'hex private key of the escrow wallet (payTo is its address); best given as the env var'),
+    Setting('deployer_key', '', str,
+            'hex private key `escrow deploy` signs with (else --escrow-key); best given as the env var'),
     Setting('confirmations', 2, parse_positive(int), 'blocks deep a payment must be (its own block counts as one)'),
     Setting('payout_rebroadcast_minutes', 10.0, parse_positive(float),
             'minutes a signed payout or x402 settlement may sit unmined before it is re-signed, '
@@ -1541,6 +1543,32 @@ class OnChain:
         latest = self.latest[1]
         return {'chainId': self.settings.chain_id, 'latestBlock': latest, 'escrowAddress': self.escrow_address,
                 'usdcAddress': self.usdc, 'reachable': latest is not None}
+
+
+def deploy_escrow(settings, args):
+    """`escrow deploy`: the JobEscrow contract for this chain's USDC, signed with --deployer-key (else --escrow-key),
+    its arguments checked as its constructor does before anything is sent; the contract's address."""
+    from verifier.chain import Chain
+    from verifier.escrow import deploy
+    key = settings.deployer_key or settings.escrow_key
+    if not settings.rpc_url or not key:
+        raise ValueError('needs --rpc-url and MARKETPLACE_DEPLOYER_KEY (or MARKETPLACE_ESCROW_KEY) to sign with')
+    delay = round(args.arbiter_delay_hours * 3600)
+    if delay < 3600 or delay >= 2 ** 32:
+        raise ValueError('--arbiter-delay-hours must be at least 1 (the contract takes no shorter delay)')
+    if not 0 <= args.max_fee_bps <= 10_000:
+        raise ValueError('--max-fee-bps must be from 0 to 10000 (100 %)')
+    if args.arbiter.lower() in (args.guardian.lower(), args.fee_recipient.lower()):
+        raise ValueError('the arbiter (the server\'s key) can be neither the guardian nor the fee recipient')
+    token = settings.usdc_address or USDC_BY_CHAIN.get(settings.chain_id)
+    if not token:
+        raise ValueError(f'--usdc-address is needed on chain {settings.chain_id}')
+    chain = Chain(settings.rpc_url, timeout=30)
+    if chain.chain_id() != settings.chain_id:
+        raise ValueError(f'the node at --rpc-url is not on --chain-id {settings.chain_id}')
+    return deploy(chain, key, token=token, arbiter=args.arbiter, guardian=args.guardian,
+                  fee_recipient=args.fee_recipient, max_fee_bps=args.max_fee_bps, arbiter_delay=delay,
+                  chain_id=settings.chain_id)
 
 
 def used_payment(db, chain_id, tx_hash):
@@ -6274,7 +6302,8 @@ def serve_replica(app, server, metrics_server, settings):
 def setting_secrets(settings):
     """What logs must never show of the settings: keys, webhook secrets, the paths and queries of the RPC and
     facilitator URLs (a provider's key is often there), the replica URL's user info and the AWS secret variables."""
-    keys = [settings.escrow_key, settings.escrow_key.removeprefix('0x'), settings.admin_key,
+    keys = [settings.escrow_key, settings.escrow_key.removeprefix('0x'), settings.deployer_key,
+            settings.deployer_key.removeprefix('0x'), settings.admin_key,
             settings.stripe_secret_key, settings.stripe_webhook_secret, settings.stripe_connect_webhook_secret,
             settings.api_key]
     return ([key for key in keys if key] + url_secrets(settings.rpc_url) + url_secrets(settings.facilitator_url)
@@ -6338,6 +6367,13 @@ def main(faces, argv=None):
     keys.add_parser('list', parents=[common], help='list keys (prefixes only)')
     revoke = keys.add_parser('revoke', parents=[common], help='revoke a key by its id')
     revoke.add_argument('key_id')
+    escrow = commands.add_parser('escrow', help='the JobEscrow contract (CONTRACT.md 21)').add_subparsers(
+        dest='escrow_command', required=True)
+    deploying = escrow.add_parser('deploy', parents=[common], help='deploy the contract at --rpc-url; print it')
+    for flag in ('--arbiter', '--guardian', '--fee-recipient'):
+        deploying.add_argument(flag, required=True, type=read_address)
+    deploying.add_argument('--max-fee-bps', required=True, type=int)
+    deploying.add_argument('--arbiter-delay-hours', required=True, type=float)
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(name)s %(levelname)s %(message)s')
@@ -6389,6 +6425,13 @@ def main(faces, argv=None):
         return 0
     if args.command == 'restore':
         return restore_database(settings, args.timestamp)
+    if args.command == 'escrow':
+        try:
+            print(deploy_escrow(settings, args))
+        except (ValueError, VerificationError) as exc:
+            print(f'escrow deploy: {exc}', file=sys.stderr)
+            return 1
+        return 0
     if args.command == 'seed':
         try:
             seed(settings, args.fixtures, faces)

@@ -7,6 +7,7 @@ import secrets
 import pytest
 
 from chain import DEV_KEYS, USDC, Account, Web3
+import wiring
 from verifier import escrow as contract_calls
 from verifier.chain import Chain
 
@@ -91,3 +92,25 @@ def test_a_relayed_deposit_a_release_and_a_proposal_as_the_service_makes_them(de
     assert send(node, anvil, ARBITER.key, address, 'refund', deposit, 2_850_000) == 1
     assert (anvil.balance(payer.address), anvil.balance(address), anvil.balance(ARBITER.address)) == \
         (2_850_000, 0, 0)
+
+
+def test_escrow_deploy_checks_its_arguments_then_deploys_with_the_deployer_key(anvil, usdc, tmp_path, monkeypatch,
+                                                                                capsys):
+    deployer = Account.create()
+    anvil.set_eth(deployer.address, 10**18)
+    monkeypatch.setenv('MARKETPLACE_DEPLOYER_KEY', deployer.key.to_0x_hex())
+    command = ['escrow', 'deploy', '--rpc-url', anvil.url, '--db', str(tmp_path / 'm.db'),
+               '--arbiter', ARBITER.address, '--guardian', GUARDIAN.address, '--fee-recipient', FEES.address,
+               '--max-fee-bps', '250', '--arbiter-delay-hours', '24']
+    for flag, value, message in [('--arbiter-delay-hours', '0.5', 'at least 1'), ('--max-fee-bps', '10001', '10000'),
+                                 ('--guardian', ARBITER.address.lower(), 'neither the guardian')]:
+        wrong = list(command)
+        wrong[wrong.index(flag) + 1] = value
+        assert wiring.main(wrong) == 1
+        assert message in capsys.readouterr().err
+    assert anvil.w3.eth.get_transaction_count(deployer.address) == 0       # nothing was sent
+    assert wiring.main(command) == 0
+    address = capsys.readouterr().out.strip()
+    assert contract_calls.EscrowReader(Chain(anvil.url), address).settings() == {
+        'token': USDC, 'arbiter': ARBITER.address, 'guardian': GUARDIAN.address, 'feeRecipient': FEES.address,
+        'maxFeeBps': 250, 'arbiterDelay': 86400}

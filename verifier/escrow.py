@@ -89,6 +89,23 @@ def sign_deploy(private_key, *, token, arbiter, guardian, fee_recipient, max_fee
     return signed.raw_transaction.to_0x_hex(), signed.hash.to_0x_hex()
 
 
+def deploy(chain, private_key, *, token, arbiter, guardian, fee_recipient, max_fee_bps, arbiter_delay, chain_id,
+           wait_seconds=120):
+    """Deploy the contract with `private_key` through a verifier.chain.Chain and wait for it: its address. A
+    ValueError when the creation reverted (the constructor's checks: its reason is not kept by the chain)."""
+    sender = Account.from_key(private_key).address
+    fees = chain.fee_caps()
+    raw, tx_hash = sign_deploy(private_key, token=token, arbiter=arbiter, guardian=guardian,
+                               fee_recipient=fee_recipient, max_fee_bps=max_fee_bps, arbiter_delay=arbiter_delay,
+                               nonce=chain.nonce(sender), chain_id=chain_id, max_fee_per_gas=fees[0],
+                               max_priority_fee_per_gas=fees[1])
+    chain.send_raw(raw)
+    if chain.wait_for_receipt(tx_hash, wait_seconds)['status'] != 1:
+        raise ValueError(f'the deployment {tx_hash} reverted: check the arguments against the constructor\'s rules')
+    return chain._ask('eth_getTransactionReceipt', lambda: chain.w3.eth.get_transaction_receipt(tx_hash))[
+        'contractAddress']
+
+
 def release_typed_data(contract, chain_id, deposit, payee, amount, fee):
     """The EIP-712 Release a payer signs to pay `amount` (and `fee`) of `deposit` to `payee`: the JSON a wallet's
     eth_signTypedData_v4 takes (numbers as decimal strings, so that JavaScript reads them exactly)."""
