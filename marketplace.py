@@ -4582,10 +4582,10 @@ def replica_lag(db):
     return None if beat is None else round(max(0.0, time.time() - beat / 1000), 1)
 
 
-def replica_lagging(service):
-    """A read replica's lag when it is over --max-replica-lag, or the lag it last had over it while the view that
-    lagged is not yet replaced by a fresh one (watch_replica_forever): it then serves no reads. Else None."""
-    lag = replica_lag(service.db)
+def replica_lagging(service, lag):
+    """A read replica's lag (`lag`, read by replica_lag) when it is over --max-replica-lag, or the lag it last had
+    over it while the view that lagged is not yet replaced by a fresh one (watch_replica_forever): it then serves no
+    reads. Else None."""
     if lag is not None and lag > service.settings.max_replica_lag:
         return lag
     return service.replica_resync_lag
@@ -4785,7 +4785,7 @@ def health():
     if svc.replica and connected:
         health['replicaOf'] = svc.db.path
         health['lag'] = replica_lag(svc.db)
-        lagging = replica_lagging(svc)
+        lagging = replica_lagging(svc, health['lag'])
         if lagging is not None:
             # Over its limit: a proxy's health check takes it out of the pool until it catches up.
             error = ReplicaLagging(lagging, svc.settings.max_replica_lag)
@@ -5790,7 +5790,7 @@ def send_writes_to_primary(app):
     if request.method in READ_METHODS and not priced_call(app):
         if request.path in LAG_EXEMPT or request.path.startswith('/static/'):
             return
-        lag = replica_lagging(app.service)
+        lag = replica_lagging(app.service, replica_lag(app.service.db))
         if lag is None:
             return
         error = ReplicaLagging(lag, app.service.settings.max_replica_lag)
