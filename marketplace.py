@@ -15,9 +15,9 @@ Run it:
 Every setting is a --flag and a MARKETPLACE_<NAME> environment variable; see SETTINGS below
 or `python marketplace.py serve --help`.
 
-This file holds the marketplace's rules, its API routes, the app and the command line. The faces that speak other
-vocabularies (pages, the OpenAPI document, the HTTP layer, x402, webhook delivery, the feed and cards, MCP) are
-modules of their own that import these rules; wiring.py hands them to the app (README, "Layout: the house").
+This file holds the marketplace's rules, its API routes and the app. The faces that speak other vocabularies (pages,
+the OpenAPI document, the HTTP layer, x402, webhook delivery, the feed and cards, MCP, and the command line with the
+running server around the app) are modules of their own that import these rules; wiring.py hands them to the app (README, "Layout: the house").
 """
 
 __version__ = '2.0.0'
@@ -44,7 +44,6 @@ import math
 import os
 import re
 import secrets
-import signal
 import socket
 import threading
 import time
@@ -68,7 +67,7 @@ import replication
 from migrations import MIGRATIONS
 from verifier.addresses import address_problem
 from verifier.errors import ChainUnavailable, FeeTooLow, VerificationError
-from verifier.redact import SecretFilter, url_secrets
+from verifier.redact import url_secrets
 
 HERE = Path(__file__).resolve().parent
 log = logging.getLogger('marketplace')
@@ -404,6 +403,17 @@ def load_settings(flags=None, environ=None):
         except ValueError as exc:
             raise ValueError(f'{source}: {exc}') from None
     return Settings(**values)
+
+
+def setting_secrets(settings):
+    """What logs must never show of the settings: keys, webhook secrets, the paths and queries of the RPC and
+    facilitator URLs (a provider's key is often there), the replica URL's user info and the AWS secret variables."""
+    keys = [settings.escrow_key, settings.escrow_key.removeprefix('0x'), settings.deployer_key,
+            settings.deployer_key.removeprefix('0x'), settings.admin_key,
+            settings.stripe_secret_key, settings.stripe_webhook_secret, settings.stripe_connect_webhook_secret,
+            settings.api_key]
+    return ([key for key in keys if key] + url_secrets(settings.rpc_url) + url_secrets(settings.facilitator_url)
+            + replication.secrets(settings.replica_url))
 
 
 ###############################################################################
@@ -1543,32 +1553,6 @@ class OnChain:
         latest = self.latest[1]
         return {'chainId': self.settings.chain_id, 'latestBlock': latest, 'escrowAddress': self.escrow_address,
                 'usdcAddress': self.usdc, 'reachable': latest is not None}
-
-
-def deploy_escrow(settings, args):
-    """`escrow deploy`: the JobEscrow contract for this chain's USDC, signed with --deployer-key (else --escrow-key),
-    its arguments checked as its constructor does before anything is sent; the contract's address."""
-    from verifier.chain import Chain
-    from verifier.escrow import deploy
-    key = settings.deployer_key or settings.escrow_key
-    if not settings.rpc_url or not key:
-        raise ValueError('needs --rpc-url and MARKETPLACE_DEPLOYER_KEY (or MARKETPLACE_ESCROW_KEY) to sign with')
-    delay = round(args.arbiter_delay_hours * 3600)
-    if delay < 3600 or delay >= 2 ** 32:
-        raise ValueError('--arbiter-delay-hours must be at least 1 (the contract takes no shorter delay)')
-    if not 0 <= args.max_fee_bps <= 10_000:
-        raise ValueError('--max-fee-bps must be from 0 to 10000 (100 %)')
-    if args.arbiter.lower() in (args.guardian.lower(), args.fee_recipient.lower()):
-        raise ValueError('the arbiter (the server\'s key) can be neither the guardian nor the fee recipient')
-    token = settings.usdc_address or USDC_BY_CHAIN.get(settings.chain_id)
-    if not token:
-        raise ValueError(f'--usdc-address is needed on chain {settings.chain_id}')
-    chain = Chain(settings.rpc_url, timeout=30)
-    if chain.chain_id() != settings.chain_id:
-        raise ValueError(f'the node at --rpc-url is not on --chain-id {settings.chain_id}')
-    return deploy(chain, key, token=token, arbiter=args.arbiter, guardian=args.guardian,
-                  fee_recipient=args.fee_recipient, max_fee_bps=args.max_fee_bps, arbiter_delay=delay,
-                  chain_id=settings.chain_id)
 
 
 def used_payment(db, chain_id, tx_hash):
@@ -5053,7 +5037,6 @@ def post_redeliver(agent_id, delivery_id):
                                                  {'id': delivery_id}))}
 
 
-
 ###############################################################################
 # Routes: jobs, search, matching and the stream ###############################
 ###############################################################################
@@ -5622,7 +5605,8 @@ def check_replica_schema(db):
 class Faces:
     """What the app is handed of its faces, the modules that speak other vocabularies than the marketplace's rules
     (README, "Layout: the house"). They import these rules; the rules never import them: wiring.py, the program's top,
-    builds this once and hands it to make_app and main. A face's API routes register themselves with `route`."""
+    builds this once and hands it to make_app and command_line.main. A face's API routes register themselves with
+    `route`."""
     openapi_document: object    # openapi_spec: (base URL, x402 prices) -> the document; fails on an undocumented route
     operations: dict            # openapi_spec.API_OPERATIONS: (method, rule) -> its operation (the app reads `auth`)
     x402: type                  # pay_per_call.X402: pay per call, made when --x402-price prices an endpoint
@@ -6092,376 +6076,6 @@ def seed(db_settings, fixtures_path, faces, out=print):
     for name, key in keys.items():
         out(f'  {name:<20} {key}')
     return keys
-
-
-###############################################################################
-# The server ##################################################################
-###############################################################################
-
-FILES_BESIDE_CONNECTIONS = 256  # open files the process needs beside its connections: database, logs, webhooks
-
-
-class JsonLogFormatter(logging.Formatter):
-    """--log-format json: a log record as one JSON object on one line (time, level, logger, message[, exception])."""
-
-    def format(self, record):
-        line = {'time': iso(datetime.fromtimestamp(record.created, timezone.utc)), 'level': record.levelname,
-                'logger': record.name, 'message': record.getMessage()}
-        if record.exc_info and not record.exc_text:
-            record.exc_text = self.formatException(record.exc_info)
-        if record.exc_text:
-            line['exception'] = record.exc_text
-        return json.dumps(line)
-
-
-def raise_open_files_limit(settings):
-    """Raise this process's soft limit on open files toward the hard limit, so the connection caps can be reached."""
-    try:
-        import resource
-    except ImportError:         # not a Unix
-        return
-    wanted = settings.max_connections + FILES_BESIDE_CONNECTIONS
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError) as exc:
-            log.warning('could not raise the open files limit from %s to %s: %s', soft, target, exc)
-    if hard != resource.RLIM_INFINITY and hard < wanted:
-        log.warning('the hard limit on open files (%s) is below --max-connections (%s) plus %s: connections will '
-                    'fail before the cap; raise it (ulimit -Hn, or LimitNOFILE= in a systemd unit)',
-                    hard, settings.max_connections, FILES_BESIDE_CONNECTIONS)
-
-
-def sweep_forever(service):
-    """Run both sweeps every --sweep-interval seconds, the first one interval after start."""
-    import gevent
-    while True:
-        gevent.sleep(service.settings.sweep_interval)
-        started = time.monotonic()
-        try:
-            result = run_sweeps(service.db, service.settings, fan_out=False)
-            service.last_sweep = (time.time(), time.monotonic() - started)
-            service.fan_out()
-            for job_id in result.get('checkouts', {}).get('opened', ()):
-                service.hub.publish(get_job(service.db, job_id))        # paid, and its event never came
-        except Exception:
-            log.exception('sweep failed; trying again in %s s', service.settings.sweep_interval)
-            continue
-        checkouts = result.get('checkouts', {})
-        if (result['expire']['expired'] or result['expire']['reputationPenalties'] or result['autoVerify']['autoApproved']
-                or checkouts.get('opened') or checkouts.get('cancelled')
-                or result.get('stripePayments', {}).get('sent') or result.get('stripeAccounts', {}).get('enabled')):
-            log.info('sweep: %s', json.dumps(result))
-
-
-def fan_out_forever(service):
-    """Expand the outbox events into deliveries whenever a request wakes it (and every second, for events that
-    another process or the sweep command wrote), yielding between batches so that requests are not held."""
-    import gevent
-    import gevent.event
-    service.fan_out_wanted = gevent.event.Event()
-    while True:
-        service.fan_out_wanted.clear()
-        try:
-            fan_out_events(service.db, pause=gevent.idle)     # first: what a stopped server left
-        except Exception:
-            log.exception('webhook fan-out failed; trying again')
-            gevent.sleep(1)
-        service.fan_out_wanted.wait(timeout=1.0)
-
-
-def metrics_app(svc):
-    """The WSGI app of the --metrics-port listener: GET /metrics without a key, and nothing else."""
-    def answer(environ, start_response):
-        method = environ['REQUEST_METHOD']
-        headers = [('X-Content-Type-Options', 'nosniff'), ('X-Request-Id', request_id(environ))]
-        if environ.get('PATH_INFO') != '/metrics':
-            status, body = 404, {'error': 'This listener serves only GET /metrics.', 'code': 'not_found'}
-        elif method not in ('GET', 'HEAD'):
-            status, body = 405, {'error': 'This path accepts only GET, HEAD.', 'code': 'method_not_allowed'}
-            headers.append(('Allow', 'GET, HEAD'))
-        else:
-            status, body = 200, svc.metrics.scrape()
-        if status == 200:
-            headers.append(('Content-Type', metrics.CONTENT_TYPE))
-        else:
-            body = json_bytes(dict(body, status=status))
-            headers.append(('Content-Type', JSON_TYPE))
-        headers.append(('Content-Length', str(len(body))))
-        start_response(f'{status} {bottle.HTTP_CODES[status]}', headers)
-        return [b''] if method == 'HEAD' else [body]
-    return answer
-
-
-def listen(server, host, port, before=None):
-    """Start a gevent server; a port that cannot be had (in use, not allowed) is a ValueError naming it, after
-    stopping the listener started `before` it."""
-    try:
-        server.start()
-    except OSError as exc:
-        if before is not None:
-            before.stop(timeout=0)
-        raise ValueError(f'cannot listen on {host}:{port}: {exc.strerror or exc}') from None
-
-
-def serve(settings, faces):
-    """Serve until SIGTERM or SIGINT, then finish requests in flight and return (exit 0)."""
-    import gevent
-    app = make_app(settings, faces)
-    app.service.background = True
-    raise_open_files_limit(settings)
-    server = faces.make_server(app, settings)
-
-    def stop(signum):
-        log.info('signal %s: stopping (finishing requests in flight)', signum)
-        app.service.hub.close()     # open streams send `timeout` and end
-        server.close()              # wakes serve_forever, which stops gracefully
-
-    def stop_without_litestream():
-        """Stop as on SIGTERM once the litestream that runs this server is gone (killed alone): never serve
-        writes that nothing replicates."""
-        while not replication.litestream_gone():
-            gevent.sleep(1)
-        log.error('litestream, which replicates the database, is gone: stopping')
-        stop('(litestream gone)')
-
-    gevent.signal_handler(signal.SIGTERM, stop, signal.SIGTERM)
-    gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)
-    if os.environ.get(replication.UNDER_LITESTREAM):
-        gevent.spawn(stop_without_litestream)
-    listen(server, settings.host, settings.port)
-    metrics_server = metrics_listener(app, server, settings)
-    if app.service.replica:
-        serve_replica(app, server, metrics_server, settings)
-        return
-    sweeper = gevent.spawn(sweep_forever, app.service)
-    fan_out = gevent.spawn(fan_out_forever, app.service)
-    webhooks = faces.webhook_worker(app.service)
-    deliverer = gevent.spawn(webhooks.run)
-    heartbeat = gevent.spawn(heartbeat_forever, app.service) if settings.replica_url else None
-    payments = (f'payments onchain, chain {settings.chain_id}, escrow {settings.onchain.escrow_address}'
-                if settings.onchain else 'payments simulated')
-    if app.service.x402:
-        payments += '; x402: ' + ', '.join(f'{price.endpoint} {price.usdc} USDC' for price in settings.x402_price) \
-            + f' to {app.service.x402.pay_to}'
-    if settings.replica_url:
-        payments += f'; replicated by Litestream to {replication.public_url(settings.replica_url)}'
-    log.info('marketplace %s serving on http://%s:%s (database %s, %s)',
-             __version__, settings.host, server.server_port, settings.db, payments)
-    server.serve_forever(stop_timeout=settings.shutdown_timeout)
-    if metrics_server is not None:
-        metrics_server.stop(timeout=1)
-    sweeper.kill()
-    fan_out.kill()
-    deliverer.kill()
-    if heartbeat is not None:
-        heartbeat.kill()
-    webhooks.stop()
-    log.info('%d group commits made %d write transactions durable', app.service.db.commits, app.service.db.grouped)
-    app.service.close()
-    log.info('stopped')
-
-
-def metrics_listener(app, server, settings):
-    """The --metrics-port listener, started (None when it is off): without keys, and its scrapes are not counted
-    as requests. `server` is stopped when the port cannot be had."""
-    if not settings.metrics_port:
-        return None
-    from gevent.pywsgi import WSGIServer
-    listener = WSGIServer((settings.metrics_host, settings.metrics_port), metrics_app(app.service),
-                          log=None, error_log=logging.getLogger('marketplace.server'))
-    listen(listener, settings.metrics_host, settings.metrics_port, before=server)
-    log.info('metrics without a key on http://%s:%s/metrics', settings.metrics_host, settings.metrics_port)
-    return listener
-
-
-def serve_replica(app, server, metrics_server, settings):
-    """Serve a read replica (listening already, and on --metrics-port if set) until SIGTERM: reads, and streams
-    fed from the replica; no sweep, webhook, fan-out, payout or heartbeat (the primary does all of that)."""
-    import gevent
-    jobs = gevent.spawn(replicated_jobs_forever, app.service)
-    watch = gevent.spawn(watch_replica_forever, app.service)
-    writes = f'writes sent to {settings.primary_url}' if settings.primary_url else 'writes refused: no --primary-url'
-    log.info('marketplace %s serving on http://%s:%s as a read replica of %s (%s)',
-             __version__, settings.host, server.server_port, app.service.db.path, writes)
-    server.serve_forever(stop_timeout=settings.shutdown_timeout)
-    if metrics_server is not None:
-        metrics_server.stop(timeout=1)
-    jobs.kill()
-    watch.kill()
-    app.service.close()
-    log.info('stopped')
-
-
-###############################################################################
-# Command line ################################################################
-###############################################################################
-
-def setting_secrets(settings):
-    """What logs must never show of the settings: keys, webhook secrets, the paths and queries of the RPC and
-    facilitator URLs (a provider's key is often there), the replica URL's user info and the AWS secret variables."""
-    keys = [settings.escrow_key, settings.escrow_key.removeprefix('0x'), settings.deployer_key,
-            settings.deployer_key.removeprefix('0x'), settings.admin_key,
-            settings.stripe_secret_key, settings.stripe_webhook_secret, settings.stripe_connect_webhook_secret,
-            settings.api_key]
-    return ([key for key in keys if key] + url_secrets(settings.rpc_url) + url_secrets(settings.facilitator_url)
-            + replication.secrets(settings.replica_url))
-
-
-def hide_secrets_in_logs(settings):
-    """Blank the settings' secrets in every record that reaches the log handlers, whoever logged it (us, web3,
-    requests, urllib3, gevent's error log), and send Python warnings (urllib3's) through them too."""
-    secret_filter = SecretFilter(setting_secrets(settings))
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(secret_filter)
-    logging.captureWarnings(True)
-
-
-def restore_database(settings, timestamp=None):
-    """Restore the replica to a new --db path, then print the integrity and ledger verdicts; 0 if both pass."""
-    if not settings.replica_url:
-        print('restore: give --replica-url (file:///dir or s3://bucket/path)', file=sys.stderr)
-        return 2
-    try:
-        replication.restore(settings.db, settings.replica_url, settings.replica_endpoint, timestamp)
-    except (replication.ReplicationError, ValueError) as exc:
-        print(f'restore: {exc}', file=sys.stderr)
-        return 1
-    print(f'Restored {replication.public_url(settings.replica_url)} to {settings.db}'
-          + (f' as of {timestamp}' if timestamp else ' (latest)'))
-    db = Database(settings.db)
-    try:
-        integrity = [row[0] for row in db.conn.execute('PRAGMA integrity_check')]
-        problems = ledger_problems(db)
-    finally:
-        db.close()
-    print('integrity: ok' if integrity == ['ok'] else '\n'.join(['integrity: FAILED', *integrity]))
-    print('ledger: balanced' if not problems else '\n'.join(['ledger: FAILED', *problems]))
-    return 0 if integrity == ['ok'] and not problems else 1
-
-
-def main(faces, argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(prog='marketplace.py', description=__doc__.split('\n')[0])
-    commands = parser.add_subparsers(dest='command', required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    add_setting_flags(common)
-    commands.add_parser('serve', parents=[common], help='serve the API')
-    seeding = commands.add_parser('seed', parents=[common], help='load the demo fixtures into a new database')
-    seeding.add_argument('--fixtures', default=str(HERE / 'fixtures' / 'demo.json'))
-    backup = commands.add_parser('backup', parents=[common], help='online backup of the database to PATH')
-    backup.add_argument('path')
-    commands.add_parser('check-ledger', parents=[common], help='check that every job balances')
-    restoring = commands.add_parser('restore', parents=[common],
-                                    help="restore --db (a new path) from Litestream's --replica-url, then check it")
-    restoring.add_argument('--timestamp', help='the moment to restore, ISO 8601 (default: the latest)')
-    commands.add_parser('sweep', parents=[common], help='run the expire and auto-verify sweeps once (for cron)')
-    commands.add_parser('mcp', parents=[common],
-                        help='a Model Context Protocol server on stdio for agents, over the API at --url')
-    keys = commands.add_parser('keys', help='manage API keys').add_subparsers(dest='keys_command', required=True)
-    create = keys.add_parser('create', parents=[common], help='create an account and print its key')
-    create.add_argument('--name', required=True, type=read_name)      # as the API reads names
-    create.add_argument('--admin', action='store_true', help='give the account the admin role')
-    keys.add_parser('list', parents=[common], help='list keys (prefixes only)')
-    revoke = keys.add_parser('revoke', parents=[common], help='revoke a key by its id')
-    revoke.add_argument('key_id')
-    escrow = commands.add_parser('escrow', help='the JobEscrow contract (CONTRACT.md 21)').add_subparsers(
-        dest='escrow_command', required=True)
-    deploying = escrow.add_parser('deploy', parents=[common], help='deploy the contract at --rpc-url; print it')
-    for flag in ('--arbiter', '--guardian', '--fee-recipient'):
-        deploying.add_argument(flag, required=True, type=read_address)
-    deploying.add_argument('--max-fee-bps', required=True, type=int)
-    deploying.add_argument('--arbiter-delay-hours', required=True, type=float)
-    args = parser.parse_args(argv)
-
-    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(name)s %(levelname)s %(message)s')
-    try:
-        settings = load_settings({s.name: getattr(args, s.name, None) for s in SETTINGS})
-    except ValueError as exc:
-        parser.error(str(exc))
-    if settings.log_format == 'json':
-        for handler in logging.getLogger().handlers:
-            handler.setFormatter(JsonLogFormatter())
-    hide_secrets_in_logs(settings)
-    if settings.read_replica_of and settings.replica_url:
-        parser.error('--read-replica-of and --replica-url: a read replica has no database of its own to replicate')
-    if settings.read_replica_of and args.command != 'serve':
-        parser.error('--read-replica-of is for serve: a replica only reads; run this command on the primary')
-    if args.command == 'mcp':
-        faces.run_mcp(settings.url, settings.api_key, settings.mcp_timeout)
-        return 0
-    if args.command == 'serve' and settings.replica_url and not os.environ.get(replication.UNDER_LITESTREAM):
-        try:        # becomes litestream, which runs this same command as its child (marked UNDER_LITESTREAM)
-            replication.exec_replicated(settings.db, settings.replica_url, settings.replica_endpoint,
-                                        [sys.executable, str(HERE / 'marketplace.py'), *argv], settings.log_format)
-        except replication.ReplicationError as exc:
-            print(f'marketplace.py serve: {exc}', file=sys.stderr)
-            return 1
-    if args.command == 'serve' and settings.read_replica_of:
-        try:        # the extension reads its settings from the environment this process starts with
-            replication.exec_with_vfs_environment(settings.read_replica_of, settings.replica_endpoint,
-                                                  [sys.executable, str(HERE / 'marketplace.py'), *argv])
-        except replication.ReplicationError as exc:
-            print(f'marketplace.py serve: {exc}', file=sys.stderr)
-            return 1
-    if args.command == 'serve':
-        try:
-            serve(settings, faces)
-        except ValueError as exc:
-            parser.error(str(exc))
-        except replication.ReplicationError as exc:
-            print(f'marketplace.py serve: {exc}', file=sys.stderr)
-            return 1
-        return 0
-    if args.command == 'sweep':
-        try:
-            svc = Service(settings, faces)
-        except ValueError as exc:
-            parser.error(str(exc))
-        print(json.dumps(run_sweeps(svc.db, svc.settings), indent=2))
-        svc.close()
-        return 0
-    if args.command == 'restore':
-        return restore_database(settings, args.timestamp)
-    if args.command == 'escrow':
-        try:
-            print(deploy_escrow(settings, args))
-        except (ValueError, VerificationError) as exc:
-            print(f'escrow deploy: {exc}', file=sys.stderr)
-            return 1
-        return 0
-    if args.command == 'seed':
-        try:
-            seed(settings, args.fixtures, faces)
-        except RuntimeError as exc:
-            print(f'seed: {exc}', file=sys.stderr)
-            return 1
-        return 0
-    db = Database(settings.db, replicated=bool(settings.replica_url))
-    db.migrate()
-    if args.command == 'backup':
-        db.backup(args.path)
-        print(f'Backed up {settings.db} to {args.path}')
-    elif args.command == 'check-ledger':
-        problems = ledger_problems(db)
-        print('\n'.join(problems) if problems else 'The ledger balances.')
-        return 1 if problems else 0
-    elif args.keys_command == 'create':
-        account, key = create_account(db, args.name, 'admin' if args.admin else 'member')
-        print(f'account {account["id"]} ({account["role"]}) {account["name"]}\n{key}')
-    elif args.keys_command == 'list':
-        for row in db.rows('''SELECT k.id, k.prefix, k.created_at, k.revoked_at, a.name, a.role
-                              FROM api_keys k JOIN accounts a ON a.id = k.account_id ORDER BY k.created_at'''):
-            state = f'revoked {row["revoked_at"]}' if row['revoked_at'] else 'live'
-            print(f'{row["id"]}  {row["prefix"]:<12} {row["role"]:<6} {row["name"]:<24} {state}')
-    elif args.keys_command == 'revoke':
-        changed = revoke_key(db, args.key_id)
-        print('revoked' if changed else 'no live key has that id')
-        return 0 if changed else 1
-    db.close()
-    return 0
 
 
 if __name__ == '__main__':
