@@ -10,21 +10,25 @@ marketplace.Faces by wiring.py, as the app is.
 import argparse
 import json
 import logging
+import math
 import os
+import re
 import signal
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
+import apsw
 import bottle
 
 import metrics
 import replication
-from marketplace import (HERE, JSON_TYPE, SETTINGS, USDC_BY_CHAIN, Database, Service, __version__,
-                         add_setting_flags, create_account, fan_out_events, get_job, heartbeat_forever, iso,
-                         json_bytes, ledger_problems, load_settings, log, make_app, read_address, read_name,
-                         replicated_jobs_forever, request_id, revoke_key, run_sweeps, seed, setting_secrets,
-                         watch_replica_forever)
+from marketplace import (HERE, JSON_TYPE, SETTINGS, USDC_BY_CHAIN, Database, Service, Settings, __version__,
+                         account_for_key, add_setting_flags, call_app, create_account, fan_out_events, format_units,
+                         get_job, iso, json_bytes, ledger_problems, load_settings, log, make_app, now,
+                         publish_replicated_jobs, read_address, read_name, replica_lag, request_id, revoke_key,
+                         run_sweeps, setting_secrets, write_heartbeat)
 from verifier.errors import VerificationError
 from verifier.redact import SecretFilter
 
@@ -104,6 +108,97 @@ def fan_out_forever(service):
             log.exception('webhook fan-out failed; trying again')
             gevent.sleep(1)
         service.fan_out_wanted.wait(timeout=1.0)
+
+
+# A primary replicated by Litestream (--replica-url) writes a heartbeat, the time in unix milliseconds, every
+# --heartbeat-interval seconds; a read replica (--read-replica-of) is as far behind as the newest heartbeat it
+# can see is old (the two machines' clocks agree, through NTP). The heartbeat is a row of chain_state, the table
+# of small counters, so no schema change: name 'heartbeat_ms'.
+REPLICA_POLL_SECONDS = 0.5      # how often a replica looks for new jobs for its streams (the extension: every 1 s)
+
+
+def watch_replica_forever(service):
+    """On a read replica: every second, look at the lag. Past --max-replica-lag, reopen the view of the replica,
+    at most once per --max-replica-lag seconds, with one log line saying why: a litestream-vfs connection opened
+    before the primary's first compaction stops following at the second one and never catches up (0.5.17, an
+    upstream bug: README, "Read replicas"), while a new connection in the same process reads the replica as it is.
+    A primary whose Litestream stopped makes every replica lag too: reopening then changes nothing, and reads go
+    on being refused until the heartbeats arrive again.
+
+    A view that caught up after lagging is not trusted either: when the primary's Litestream goes on after a stall,
+    its overdue L1 compaction (ending before the changes made meanwhile) and the L0 files holding those changes
+    reach the extension in one poll, and if the database grew meanwhile, 0.5.17 replaces its page index with the
+    L1 file's pages alone: the changes of those L0 files are lost for good (a job posted during the stall never
+    shows) while the later heartbeats do show. So reads stay refused (service.replica_resync_lag) until a fresh
+    view, opened after the catch-up, is itself within the limit."""
+    import gevent
+    limit, reopened = service.settings.max_replica_lag, -math.inf
+    while True:
+        gevent.sleep(REPLICA_POLL_SECONDS)
+        try:
+            lag = replica_lag(service.db)
+        except apsw.Error:
+            # The same upstream bug leaves pages out of the index when they are not cached ("page not found",
+            # "database disk image is malformed"): a fresh view, and reads refused till it is within the limit.
+            log.exception('reading the replica\'s lag failed; its view of the replica is reopened')
+            if service.replica_resync_lag is None:
+                service.replica_resync_lag = float(limit)
+            try:
+                service.db.reopen()
+                service.replica_reopenings += 1
+            except Exception:
+                log.exception('reopening the replica failed; trying again')
+            continue
+        over = lag is not None and lag > limit
+        if over:
+            service.replica_resync_lag = lag
+        if over and time.monotonic() - reopened >= limit:
+            log.warning('read replica %s s behind its primary (over --max-replica-lag %g s): reads are refused, '
+                        'and its view of the replica is reopened', lag, limit)
+            try:
+                service.db.reopen()
+                service.replica_reopenings += 1
+            except Exception:
+                log.exception('reopening the replica failed; trying again in %g s', limit)
+            reopened = time.monotonic()
+        elif service.replica_resync_lag is not None and not over:
+            # the view that caught up may have lost changes: a fresh one, and reads once it is within the limit
+            log.info('read replica caught up (%s s behind its primary): its view of the replica is reopened before '
+                     'it serves reads again', lag)
+            try:
+                service.db.reopen()
+                service.replica_reopenings += 1
+                lag = replica_lag(service.db)
+            except Exception:
+                log.exception('reopening the replica after it caught up failed; trying again')
+                continue
+            if lag is not None and lag <= limit:
+                service.replica_resync_lag = None
+
+
+def replicated_jobs_forever(service):
+    """On a read replica: every REPLICA_POLL_SECONDS, offer the jobs the primary opened to this server's streams
+    (a stream here sees a job within a few seconds of its commit on the primary)."""
+    import gevent
+    db = service.db
+    after_seq, waiting = db.value('SELECT coalesce(max(seq), 0) FROM jobs'), set()
+    while True:
+        gevent.sleep(REPLICA_POLL_SECONDS)
+        try:
+            after_seq, waiting = publish_replicated_jobs(db, service.hub, after_seq, waiting)
+        except apsw.Error:
+            log.exception('reading new jobs from the replica failed; trying again')
+
+
+def heartbeat_forever(service):
+    """On a primary replicated by Litestream: write the heartbeat every --heartbeat-interval seconds."""
+    import gevent
+    while True:
+        try:
+            write_heartbeat(service.db)
+        except apsw.Error:
+            log.exception('the replication heartbeat failed; trying again')
+        gevent.sleep(service.settings.heartbeat_interval)
 
 
 def metrics_app(svc):
@@ -230,6 +325,76 @@ def serve_replica(app, server, metrics_server, settings):
 
 
 ###############################################################################
+# Demo data ###################################################################
+###############################################################################
+
+def seed(db_settings, fixtures_path, faces, out=print):
+    """Load the demo fixtures through the API itself; print the demo keys; return them by name."""
+    # Demo money is simulated; the demo's arbitrators are active at once and its disputes take three votes.
+    settings = Settings(**dict(vars(db_settings), rate_limits='off', rpc_url='', open_arbitration=True,
+                               required_votes=3))
+    app = make_app(settings, faces)
+    db = app.service.db
+    if db.value('SELECT count(*) FROM accounts WHERE role = \'member\''):
+        raise RuntimeError(f'{settings.db} already holds accounts; seed only a new database')
+    fixtures = json.loads(Path(fixtures_path).read_text())
+    keys, agents, owners, arbitrators = {}, {}, {}, {}
+
+    def call(method, path, body, key):
+        status, _, answer = call_app(app, method, path, body, key)
+        if status >= 300:
+            raise RuntimeError(f'fixture call {method} {path} failed: {status} {answer}')
+        return answer
+
+    for account in fixtures['accounts']:
+        keys[account['name']] = create_account(db, account['name'], account.get('role', 'member'))[1]
+    for agent in fixtures['agents']:
+        agent = dict(agent)
+        owners[agent['name']] = keys[agent.pop('owner')]
+        agents[agent['name']] = call('POST', '/api/agents', agent, owners[agent['name']])['agent']['id']
+    admin_key = next((keys[a['name']] for a in fixtures['accounts'] if a.get('role') == 'admin'), None)
+    for arbitrator in fixtures.get('arbitrators', []):
+        owner = keys[arbitrator['owner']]
+        body = {'name': arbitrator['name'], 'walletAddress': arbitrator['walletAddress'],
+                'accountId': account_for_key(db, owner)['id']}
+        arbitrator_id = call('POST', '/api/arbitrators', body, admin_key)['arbitrator']['id']
+        if arbitrator.get('trusted'):
+            call('PATCH', f'/api/arbitrators/{arbitrator_id}', {'trusted': True}, admin_key)
+        arbitrators[arbitrator['name']] = (arbitrator_id, owner)
+    for job in fixtures['jobs']:
+        job = dict(job)
+        requester, story = job.pop('requester'), job.pop('story', [])
+        job['deadline'] = iso(now() + timedelta(hours=job.pop('deadlineInHours')))
+        job_id = call('POST', '/api/jobs', job, keys[requester])['job']['id']
+        claim_id = None
+        for step in story:
+            action, value = next(iter(step.items()))
+            if action == 'claim':
+                owner_key = owners[value]
+                claim_id = call('POST', f'/api/jobs/{job_id}/claim', {'agentId': agents[value]}, owner_key)['claim']['id']
+            elif action == 'deliver':
+                call('POST', f'/api/jobs/{job_id}/deliver', {'claimId': claim_id, 'deliverable': value}, owner_key)
+            elif action == 'verify':
+                call('POST', f'/api/jobs/{job_id}/verify', {'claimId': claim_id, 'approved': value}, keys[requester])
+            elif action == 'cancel':
+                call('POST', f'/api/jobs/{job_id}/cancel', {}, keys[requester])
+            elif action == 'dispute':
+                dispute_id = call('POST', f'/api/jobs/{job_id}/dispute', {'claimId': claim_id, 'reason': value},
+                                  keys[requester])['dispute']['id']
+            elif action == 'vote':
+                arbitrator_id, voter_key = arbitrators[value['arbitrator']]
+                call('POST', f'/api/disputes/{dispute_id}/vote', {'arbitratorId': arbitrator_id, 'vote': value['vote'],
+                                                                  'reasoning': value['reasoning']}, voter_key)
+    app.service.close()
+    out(f'Seeded {settings.db}: {len(fixtures["accounts"])} accounts, {len(agents)} agents, '
+        f'{len(arbitrators)} arbitrators, {len(fixtures["jobs"])} jobs.')
+    out('Demo API keys (shown once; use them as "Authorization: Bearer <key>"):')
+    for name, key in keys.items():
+        out(f'  {name:<20} {key}')
+    return keys
+
+
+###############################################################################
 # Command line ################################################################
 ###############################################################################
 def deploy_escrow(settings, args):
@@ -291,6 +456,77 @@ def restore_database(settings, timestamp=None):
     return 0 if integrity == ['ok'] and not problems else 1
 
 
+def escrow_reader(settings):
+    """The chain and the JobEscrow at --escrow-contract, for the operator's commands."""
+    from verifier.chain import Chain
+    from verifier.escrow import EscrowReader
+    if not settings.rpc_url or not settings.escrow_contract:
+        raise ValueError('needs --rpc-url and --escrow-contract')
+    chain = Chain(settings.rpc_url, timeout=30)
+    if chain.chain_id() != settings.chain_id:
+        raise ValueError(f'the node at --rpc-url is not on --chain-id {settings.chain_id}')
+    return chain, EscrowReader(chain, settings.escrow_contract)
+
+
+def job_of_deposit(settings, deposit):
+    """The job a deposit funds in the --db database, or None (no such job, or no database here: the guardian's
+    machine need not have one). The file is only read."""
+    if not os.path.exists(settings.db):
+        return None
+    db = Database(settings.db)
+    try:
+        return db.value('SELECT id FROM jobs WHERE escrow_deposit_id = :id', {'id': deposit.lower()})
+    finally:
+        db.close()
+
+
+def list_proposals(settings, from_block, out=print):
+    """`escrow proposals`: every proposal pending in the contract, read from the chain (not the database), with
+    the job it pays for or "unknown to this database": what the guardian watches. How many."""
+    chain, reader = escrow_reader(settings)
+    pending = reader.pending_proposals(from_block)
+    chain_time = chain.block('latest')['timestamp']
+    for proposal in pending:
+        when = datetime.fromtimestamp(proposal['executableAt'], timezone.utc)
+        left = proposal['executableAt'] - chain_time
+        out(f'{proposal["id"]}  job {job_of_deposit(settings, proposal["id"]) or "unknown to this database"}\n'
+            f'  executable at {iso(when)} ({"now" if left <= 0 else f"in {left // 3600} h {left % 3600 // 60} min"})'
+            f', fee {format_units(proposal["fee"], "USDC")} USDC')
+        for payee, amount in zip(proposal['payees'], proposal['amounts']):
+            out(f'  pays {format_units(amount, "USDC")} USDC to {payee}')
+    out(f'{len(pending)} pending proposal(s) in {reader.address}')
+    return len(pending)
+
+
+def cancel_proposal(settings, target, key_file, out=print):
+    """`escrow cancel ID`: cancel a deposit's pending proposal (ID: a deposit id, or the job id it funds), signed
+    by the guardian's key read from --guardian-key-file or the terminal, never from the service's environment."""
+    import getpass
+    from verifier.escrow import key_address, send_call
+    chain, reader = escrow_reader(settings)
+    deposit = target.lower()
+    if not re.fullmatch(r'0x[0-9a-f]{64}', deposit):
+        deposit = None
+        if os.path.exists(settings.db):
+            db = Database(settings.db)
+            try:
+                deposit = db.value('SELECT escrow_deposit_id FROM jobs WHERE id = :id', {'id': target.lower()})
+            finally:
+                db.close()
+        if deposit is None:
+            raise ValueError(f'{target} is neither a deposit id (0x and 64 hex digits) nor a job of --db funded by one')
+    if reader.proposal(deposit) is None:
+        raise ValueError(f'the deposit {deposit} has no pending proposal')
+    key = Path(key_file).read_text().strip() if key_file else getpass.getpass('guardian private key: ').strip()
+    guardian = reader.settings()['guardian']
+    if key_address(key).lower() != guardian.lower():
+        raise ValueError(f'this key is not the contract\'s guardian ({guardian})')
+    tx_hash = send_call(chain, key, contract=reader.address, chain_id=settings.chain_id, function='cancel',
+                        args=[deposit])
+    out(f'cancelled the proposal of {deposit} ({tx_hash}); the service refunds its payer at its next sweep')
+    return tx_hash
+
+
 def main(faces, argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog='marketplace.py', description=__doc__.split('\n')[0])
@@ -323,6 +559,13 @@ def main(faces, argv=None):
         deploying.add_argument(flag, required=True, type=read_address)
     deploying.add_argument('--max-fee-bps', required=True, type=int)
     deploying.add_argument('--arbiter-delay-hours', required=True, type=float)
+    watching = escrow.add_parser('proposals', parents=[common],
+                                 help="every pending proposal in --escrow-contract, from the chain: the guardian's watch")
+    watching.add_argument('--from-block', type=int, default=0,
+                          help='the first block to read Proposed events from (a node may cap the range)')
+    cancelling = escrow.add_parser('cancel', parents=[common], help="cancel a pending proposal with the guardian's key")
+    cancelling.add_argument('id', help='a deposit id, or the job id it funds')
+    cancelling.add_argument('--guardian-key-file', help='a file holding the guardian key (else read from the terminal)')
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(name)s %(levelname)s %(message)s')
@@ -376,9 +619,14 @@ def main(faces, argv=None):
         return restore_database(settings, args.timestamp)
     if args.command == 'escrow':
         try:
-            print(deploy_escrow(settings, args))
-        except (ValueError, VerificationError) as exc:
-            print(f'escrow deploy: {exc}', file=sys.stderr)
+            if args.escrow_command == 'deploy':
+                print(deploy_escrow(settings, args))
+            elif args.escrow_command == 'proposals':
+                list_proposals(settings, args.from_block)
+            else:
+                cancel_proposal(settings, args.id, args.guardian_key_file)
+        except (ValueError, OSError, VerificationError) as exc:
+            print(f'escrow {args.escrow_command}: {exc}', file=sys.stderr)
             return 1
         return 0
     if args.command == 'seed':

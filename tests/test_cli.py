@@ -13,6 +13,7 @@ import pytest
 
 from conftest import ROOT, Client, job_body
 
+import command_line
 import marketplace as mp
 import migrations
 import wiring
@@ -298,7 +299,7 @@ def test_seeding_twice_in_process_raises(seeded):
     path, _ = seeded
     before = snapshot(path)
     with pytest.raises(RuntimeError, match='already holds accounts'):
-        mp.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', wiring.FACES, out=lambda line: None)
+        command_line.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', wiring.FACES, out=lambda line: None)
     assert snapshot(path) == before
 
 
@@ -509,7 +510,7 @@ def undo_version_9(conn):
 def version_8_demo(path):
     """The demo fixtures in a database of schema version 8 (seeded now, then taken back to that shape): an open
     connection to it, in a transaction."""
-    mp.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', wiring.FACES, out=lambda line: None)
+    command_line.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', wiring.FACES, out=lambda line: None)
     conn = apsw.Connection(str(path))
     conn.execute('PRAGMA foreign_keys = ON')
     conn.execute('BEGIN')
@@ -722,7 +723,7 @@ def test_migration_10_takes_reclaims_escrow_calls_and_deposits_and_keeps_its_row
     scheduled, a payment may now be a `reclaim` (the CHECK still refuses others), an escrow call is kept among the
     signed transactions, and a deposit funds one job."""
     path = tmp_path / 'v9.db'
-    mp.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', wiring.FACES, out=lambda line: None)
+    command_line.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', wiring.FACES, out=lambda line: None)
     db = mp.Database(path)
     with db.transaction():
         undo_version_10(db.conn)

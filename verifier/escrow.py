@@ -61,9 +61,19 @@ def deposit_id(payer, account, refund_after, salt):
     return Web3.keccak(encoded).to_0x_hex()
 
 
+def _abi_value(value):
+    """An argument as web3 encodes it: addresses checksummed, bytes32 and signatures given in hex as bytes."""
+    if isinstance(value, list):
+        return [_abi_value(item) for item in value]
+    if isinstance(value, str) and value.startswith('0x'):
+        return checksummed(value, 'address') if len(value) == 42 else bytes.fromhex(value[2:])
+    return value
+
+
 def call_data(function, *args):
-    """The calldata of one of the contract's functions ('0x...')."""
-    return _abi_only().encode_abi(function, args=list(args))
+    """The calldata of one of the contract's functions ('0x...'); hex strings are taken as addresses (42
+    characters) or bytes."""
+    return _abi_only().encode_abi(function, args=[_abi_value(arg) for arg in args])
 
 
 def sign_call(private_key, *, contract, data, nonce, chain_id, max_fee_per_gas, max_priority_fee_per_gas,
@@ -202,3 +212,58 @@ class EscrowReader:
             if proposal is not None:
                 pending.append(dict(proposal, id=deposit))
         return pending
+
+    def reclaims(self, from_block, to_block):
+        """The deposits reclaimed in these blocks: [{id, amount, txHash}], oldest first."""
+        logs = self.chain._ask('eth_getLogs', lambda: self.contract.events.Reclaimed().get_logs(
+            from_block=from_block, to_block=to_block))
+        return [{'id': '0x' + bytes(entry['args']['id']).hex(), 'amount': int(entry['args']['amount']),
+                 'txHash': entry['transactionHash'].to_0x_hex()} for entry in logs]
+
+    def proposal_end(self, deposit, from_block):
+        """How the proposal of a deposit made at `from_block` left the contract: ('executed', tx hash) when a
+        Released without signature came after it, ('cancelled' | 'reclaimed', tx hash), or None."""
+        deposit = _bytes32(deposit, 'deposit id')
+        for name, kind in (('Cancelled', 'cancelled'), ('Reclaimed', 'reclaimed'), ('Released', 'executed')):
+            event = getattr(self.contract.events, name)()
+            logs = self.chain._ask('eth_getLogs', lambda: event.get_logs(
+                from_block=from_block, to_block='latest', argument_filters={'id': deposit}))
+            for entry in logs:
+                if name != 'Released' or not entry['args']['bySignature']:
+                    return kind, entry['transactionHash'].to_0x_hex()
+        return None
+
+
+def payees_gas(count):
+    """Gas for a propose or execute of `count` payees."""
+    return CALL_GAS + GAS_PER_PAYEE * max(0, count - 1)
+
+
+def authorization_template(token, chain_id, contract, amount, valid_before):
+    """The ReceiveWithAuthorization a payer signs to fund a deposit of `amount`, with `from` and the nonce (the
+    deposit's id: keccak256(abi.encode(payer, account, refundAfter, salt))) left for the payer to fill in."""
+    typed = receive_typed_data(token, chain_id, '0x' + '00' * 20, contract, amount, 0, valid_before, '0x' + '00' * 32)
+    typed['message'].update({'from': None, 'nonce': None})
+    return typed
+
+
+def send_call(chain, private_key, *, contract, chain_id, function, args, wait_seconds=120):
+    """Sign a call of the contract with `private_key` (its next nonce at the node), send it and wait for it: the
+    transaction's hash. A ValueError when it reverted. For the operator's commands (a guardian's cancel): the
+    service's own calls are stored before they are sent (OnChain.store_call)."""
+    fees = chain.fee_caps()
+    raw, tx_hash = sign_call(private_key, contract=contract, data=call_data(function, *args),
+                             nonce=chain.nonce(Account.from_key(private_key).address), chain_id=chain_id,
+                             max_fee_per_gas=fees[0], max_priority_fee_per_gas=fees[1])
+    chain.send_raw(raw)
+    if chain.wait_for_receipt(tx_hash, wait_seconds)['status'] != 1:
+        raise ValueError(f'{function} {tx_hash} reverted')
+    return tx_hash
+
+
+def key_address(private_key):
+    """The address of a hex private key; ValueError when it is not one."""
+    try:
+        return Account.from_key(private_key).address
+    except Exception:
+        raise ValueError('not a hex private key') from None
