@@ -90,7 +90,8 @@ def sweep_forever(service):
         checkouts = result.get('checkouts', {})
         if (result['expire']['expired'] or result['expire']['reputationPenalties'] or result['autoVerify']['autoApproved']
                 or checkouts.get('opened') or checkouts.get('cancelled')
-                or result.get('stripePayments', {}).get('sent') or result.get('stripeAccounts', {}).get('enabled')):
+                or result.get('stripePayments', {}).get('sent') or result.get('stripeAccounts', {}).get('enabled')
+                or any(result.get('escrow', {}).values())):
             log.info('sweep: %s', json.dumps(result))
 
 

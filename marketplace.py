@@ -2862,7 +2862,7 @@ WEBHOOK_FORMATS = ('json', 'slack', 'discord', 'telegram')
 def service_wallet_problem(address, settings):
     """An agent's wallet must not be the service's own: the escrow address, nor the x402 address (CONTRACT.md 18)."""
     own = {'the escrow address': settings.onchain and settings.onchain.escrow_address,
-           'the x402 payTo address': settings.x402_pay_to}
+           'the escrow contract': settings.escrow_contract, 'the x402 payTo address': settings.x402_pay_to}
     for name, wallet in own.items():
         if wallet and wallet.lower() == address.lower():
             return f'must not be {name} of this service'
