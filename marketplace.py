@@ -1764,6 +1764,8 @@ def fund_from_deposit(svc, fields, body, account):
         requirements = escrow_requirements(svc.settings, fields, account)         # network, the first time
     except VerificationError as error:
         raise payment_error(error) from None
+    except ValueError as error:     # read late (the node was down at start), the contract is not this server's
+        raise Unavailable(str(error), code='chain_unavailable', headers={'Retry-After': '60'}) from None
     try:
         return deposit_job(svc, fields, body, requirements, account)
     except VerificationError as error:
@@ -4631,8 +4633,8 @@ def run_sweeps(db, settings, fan_out=True):
     if settings.onchain and settings.onchain.contract:
         try:
             result['escrow'] = escrow_sweep(db, settings)
-        except VerificationError as exc:        # the node: the next sweep goes on from where this one stopped
-            log.warning('escrow sweep waits for the node: %s', exc)
+        except (VerificationError, ValueError) as exc:     # the node, or a contract not this server's
+            log.warning('escrow sweep waits: %s', exc)
     if settings.onchain:
         settings.onchain.broadcast(db)
         result['payouts'] = settings.onchain.confirm(db)

@@ -5,8 +5,8 @@ contract's arbiter) holding none of it, ever.
 Each way of funding (the payer's own deposit, a relayed authorization), approval with the payer's Release signature
 (paid at once) and without (proposed, paid once the chain's clock passes the delay), a guardian cancelling a
 proposal with `marketplace.py escrow cancel`, rejection and expiry (refunded at once), a deposit reclaimed by a
-stranger after its refundAfter, and a SIGKILL between a refund's commit and its broadcast (sent once after the
-restart). Every test uses the `escrow` fixture, so the chain is put back as it was after it. Only 127.0.0.1.
+stranger after its refundAfter, a SIGKILL between a refund's commit and its broadcast (sent once after the
+restart), and a contract this server cannot run refused at start. Every test uses the `escrow` fixture, so the chain is put back as it was after it. Only 127.0.0.1.
 """
 
 import secrets
@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timedelta, timezone
+
+import pytest
 
 from chain import DEV_KEYS, USDC, Account, Web3
 from conftest import ADMIN_KEY, ROOT, LiveServer, job_body
@@ -311,3 +313,15 @@ def test_a_crash_between_a_refund_and_its_broadcast_refunds_exactly_once(anvil, 
         assert nonce_of(anvil, ARBITER.address) == nonce + 1
         assert {raw for raw, _ in proxy.sent} == {held['raw']}      # the same signed call, sent again
     assert ledger_of(db) == []
+
+
+def test_a_contract_this_server_cannot_run_is_refused_at_start(anvil, escrow, tmp_path):
+    stranger_key = DEV_KEYS[2]          # not the contract's arbiter
+    server = LiveServer(tmp_path / 'm.db', ['--rpc-url', anvil.url, '--chain-id', '8453', '--escrow-contract',
+                                            escrow.address, '--fee-percent', '6'],
+                        env={'MARKETPLACE_ESCROW_KEY': stranger_key})
+    with pytest.raises(RuntimeError) as refused:
+        server.start()
+    said = str(refused.value)
+    assert f'its arbiter is {ARBITER.address}, not {Account.from_key(stranger_key).address}' in said
+    assert 'its fee cap is 500 basis points, below --fee-percent 6: refusing to start' in said
