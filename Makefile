@@ -44,8 +44,8 @@ bench: $(VENV)/stamp  ## measure the server with wrk against a bare ceiling (BEN
 	@command -v wrk >/dev/null || { echo "make bench needs wrk: sudo apt-get install wrk"; exit 2; }
 	$(PY) bench/bench.py $(BENCH_ARGS)
 
-contracts: node_modules/.stamp  ## rebuild fixtures/TestUSDC.json from fixtures/TestUSDC.sol
-	node fixtures/compile.js
+contracts: node_modules/.stamp  ## rebuild contracts/JobEscrow.json and fixtures/TestUSDC.json from their .sol
+	node contracts/compile.js
 
 clean:  ## remove the virtual environment and the local database
 	rm -rf $(VENV) $(DB) $(DB)-wal $(DB)-shm $(DB).litestream.yml .pytest_cache

@@ -4,7 +4,7 @@ It owns how a request arrives: the head read within --header-timeout (100 header
 wait, the body within --body-timeout and never drained, framing that could be read two ways refused (400), the
 connection caps per address group and in all, requests in flight per client behind a proxy, answers sent in one
 write, the access log, and a graceful stop. Refusals made before the app runs are JSON errors like the app's.
-It knows nothing of jobs or money: marketplace.serve hands it the app and the settings (Faces.make_server).
+It knows nothing of jobs or money: command_line.serve hands it the app and the settings (Faces.make_server).
 """
 
 import json

@@ -15,9 +15,9 @@ Run it:
 Every setting is a --flag and a MARKETPLACE_<NAME> environment variable; see SETTINGS below
 or `python marketplace.py serve --help`.
 
-This file holds the marketplace's rules, its API routes, the app and the command line. The faces that speak other
-vocabularies (pages, the OpenAPI document, the HTTP layer, x402, webhook delivery, the feed and cards, MCP) are
-modules of their own that import these rules; wiring.py hands them to the app (README, "Layout: the house").
+This file holds the marketplace's rules, its API routes and the app. The faces that speak other vocabularies (pages,
+the OpenAPI document, the HTTP layer, x402, webhook delivery, the feed and cards, MCP, and the command line with the
+running server around the app) are modules of their own that import these rules; wiring.py hands them to the app (README, "Layout: the house").
 """
 
 __version__ = '2.0.0'
@@ -44,7 +44,6 @@ import math
 import os
 import re
 import secrets
-import signal
 import socket
 import threading
 import time
@@ -68,7 +67,7 @@ import replication
 from migrations import MIGRATIONS
 from verifier.addresses import address_problem
 from verifier.errors import ChainUnavailable, FeeTooLow, VerificationError
-from verifier.redact import SecretFilter, url_secrets
+from verifier.redact import url_secrets
 
 HERE = Path(__file__).resolve().parent
 log = logging.getLogger('marketplace')
@@ -294,6 +293,11 @@ SETTINGS = [
     Setting('usdc_address', '', str, 'the USDC contract (default: the USDC of --chain-id)'),
     Setting('escrow_key', '', str,
             'hex private key of the escrow wallet (payTo is its address); best given as the env var'),
+    Setting('deployer_key', '', str,
+            'hex private key `escrow deploy` signs with (else --escrow-key); best given as the env var'),
+    Setting('escrow_contract', '', str,
+            'the JobEscrow contract that holds each job\'s USDC (contract mode, CONTRACT 21); its arbiter must be '
+            'the --escrow-key'),
     Setting('confirmations', 2, parse_positive(int), 'blocks deep a payment must be (its own block counts as one)'),
     Setting('payout_rebroadcast_minutes', 10.0, parse_positive(float),
             'minutes a signed payout or x402 settlement may sit unmined before it is re-signed, '
@@ -402,6 +406,17 @@ def load_settings(flags=None, environ=None):
         except ValueError as exc:
             raise ValueError(f'{source}: {exc}') from None
     return Settings(**values)
+
+
+def setting_secrets(settings):
+    """What logs must never show of the settings: keys, webhook secrets, the paths and queries of the RPC and
+    facilitator URLs (a provider's key is often there), the replica URL's user info and the AWS secret variables."""
+    keys = [settings.escrow_key, settings.escrow_key.removeprefix('0x'), settings.deployer_key,
+            settings.deployer_key.removeprefix('0x'), settings.admin_key,
+            settings.stripe_secret_key, settings.stripe_webhook_secret, settings.stripe_connect_webhook_secret,
+            settings.api_key]
+    return ([key for key in keys if key] + url_secrets(settings.rpc_url) + url_secrets(settings.facilitator_url)
+            + replication.secrets(settings.replica_url))
 
 
 ###############################################################################
@@ -1118,9 +1133,20 @@ def escrow_balance(db, job_id):
 
 
 def onchain_job(settings, job):
-    """Does this job's money move on chain? Only in onchain mode, and only for a job funded on chain: a job
-    created in simulated mode (the demo, or before --rpc-url was set) locked no USDC, so it pays none."""
-    return settings.onchain is not None and job['escrow_tx_hash'] is not None
+    """Does this job's money move on chain? Only in onchain mode, and only for a job funded on chain (a transfer to
+    the escrow wallet, or a JobEscrow deposit): a job created in simulated mode locked no USDC, so it pays none."""
+    return settings.onchain is not None and (job['escrow_tx_hash'] or job['escrow_deposit_id']) is not None
+
+
+def contract_job(settings, job):
+    """Is this job's money in the JobEscrow contract (funded by a deposit, CONTRACT 21)? Unavailable when this
+    server cannot move it: no --rpc-url, or no --escrow-contract."""
+    if job['escrow_deposit_id'] is None:
+        return False
+    if settings.onchain is None or settings.onchain.contract is None:
+        raise Unavailable('This job was funded in the JobEscrow contract: only a server running with --rpc-url and '
+                          '--escrow-contract can pay it out.', code='chain_unavailable', headers={'Retry-After': '60'})
+    return True
 
 
 def stripe_mode(settings):
@@ -1160,8 +1186,13 @@ def lock_escrow(db, job, funding=None, payment_intent=None):
 def pay_out(db, settings, job, kind, amount, *, debit, credit, recipient, claim_id=None):
     """Record money leaving escrow. On chain the USDC transfer is signed and stored here, in the caller's
     transaction, and broadcast after the commit: a crash can only lead to sending the same transaction again.
+    A contract job's refund is its `refund` call, signed and stored the same way.
     Through Stripe the record is written pending here; its Transfer or Refund is asked for after the commit with
     the record's id as idempotency key, so asking again can never pay twice."""
+    if contract_job(settings, job):       # a refund: release_to_worker pays workers (contract_release)
+        raw, tx_hash, nonce = settings.onchain.sign_call(db, 'refund', job['escrow_deposit_id'], amount)
+        return record_payment(db, job, kind, amount, debit=debit, credit=credit, recipient=recipient,
+                              claim_id=claim_id, status='pending', tx_hash=tx_hash, raw_tx=raw, nonce=nonce)
     if job['escrow_tx_hash'] and settings.onchain is None:
         raise Unavailable('This job was funded on chain: only a server running with --rpc-url can pay it out.',
                           code='chain_unavailable', headers={'Retry-After': '60'})
@@ -1186,19 +1217,26 @@ def fee_of(amount, currency, fee_percent):
     return amount // cent * int(fee_percent * 100) // 10_000 * cent
 
 
-def release_to_worker(db, settings, job, claim, agent, amount):
-    """Pay a worker `amount` base units from escrow, less the operator fee; return the records.
-
-    Fees are carried across a job's releases (CONTRACT.md 20): this one's is the fee of everything the job has
-    released so far, this release included, less the fees already taken, so that shares round down once, not
-    each on its own (100 shares of 0.39 pay the fee of 39.00).
-    """
+def release_fee(db, settings, job, amount):
+    """The operator's fee on a release of `amount` base units. Fees are carried across a job's releases
+    (CONTRACT.md 20): this one's is the fee of everything the job has released so far, this release included, less
+    the fees already taken, so that shares round down once, not each on its own (100 shares of 0.39 pay the fee of
+    39.00)."""
     before = db.row('''SELECT coalesce(sum(amount), 0) AS released,
                              coalesce(sum(CASE type WHEN 'fee' THEN amount END), 0) AS fees
                       FROM payments WHERE job_id = :id AND type IN ('release', 'fee')
                       AND status != 'cancelled' ''', {'id': job['id']})
     fee = fee_of(before['released'] + amount, job['currency'], settings.fee_percent) - before['fees']
-    fee = min(amount, max(0, fee))
+    return min(amount, max(0, fee))
+
+
+def release_to_worker(db, settings, job, claim, agent, amount, signature=None):
+    """Pay a worker `amount` base units from escrow, less the operator fee (release_fee); return the records. In
+    contract mode the payer's Release `signature` pays at once, and without one the payment is scheduled
+    (contract_release)."""
+    fee = release_fee(db, settings, job, amount)
+    if contract_job(settings, job):
+        return contract_release(db, settings, job, claim, agent, amount - fee, fee, signature)
     if stripe_job(job):     # paid to the agent's connected account (its id until it has one)
         recipient = agent['stripe_account_id'] or agent['id']
     else:
@@ -1243,7 +1281,7 @@ def ledger_problems(db):
             coalesce(sum(CASE p.type WHEN 'escrow' THEN p.amount END), 0) AS locked,
             coalesce(sum(CASE p.type WHEN 'release' THEN p.amount END), 0) AS released,
             coalesce(sum(CASE p.type WHEN 'fee' THEN p.amount END), 0) AS fee,
-            coalesce(sum(CASE p.type WHEN 'refund' THEN p.amount END), 0) AS refunded,
+            coalesce(sum(CASE WHEN p.type IN ('refund', 'reclaim') THEN p.amount END), 0) AS refunded,
             (SELECT coalesce(sum(e.amount), 0) FROM ledger_entries e
              WHERE e.account = 'escrow:' || j.id) AS held
         FROM jobs j LEFT JOIN payments p ON p.job_id = j.id AND p.status != 'cancelled'
@@ -1273,7 +1311,7 @@ def ledger_problems(db):
 USDC_BY_CHAIN = {8453: '0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913', 84532: '0x036CbD53842c5426634e7929541eC2318f3dCF7e'}
 NETWORK_BY_CHAIN = {8453: 'base', 84532: 'base-sepolia'}
 DEFAULT_FEE_CAPS = (10 ** 9, 10 ** 6)        # 1 gwei max fee, 0.001 gwei tip, until the node is asked
-SIGNED_TABLES = ('payments', 'x402_payments')   # where transactions signed by the escrow wallet wait to be confirmed
+SIGNED_TABLES = ('payments', 'x402_payments', 'escrow_calls')     # where signed transactions wait to be confirmed
 
 
 class OnChain:
@@ -1303,6 +1341,10 @@ class OnChain:
         self.quick = Chain(settings.rpc_url, timeout=2)      # for /api/health
         self.latest = None      # (when asked, the latest block number or None): health's view of the node
         self.fees = None
+        self.contract = settings.escrow_contract or None    # contract mode: the JobEscrow (CONTRACT 21)
+        self.terms = None       # contract mode: its immutables, read at start (or when first needed)
+        if self.contract and address_problem(self.contract):
+            raise ValueError(f'--escrow-contract: {address_problem(self.contract)}')
 
     def start(self, db):
         """Check the node's chain id (a mismatch refuses to start), then learn the nonce and the fees.
@@ -1315,8 +1357,61 @@ class OnChain:
         if reported != self.settings.chain_id:
             raise ValueError(f'the node at --rpc-url is on chain {reported}, not on --chain-id '
                              f'{self.settings.chain_id}: refusing to start')
+        if self.contract:
+            try:
+                self.contract_terms()
+            except VerificationError:
+                log.warning('the node at --rpc-url does not answer for --escrow-contract; payments wait for it')
+                return False
         self.sync(db)
         return True
+
+    def contract_terms(self):
+        """Contract mode: the contract's immutables, read once; refuse a contract this key cannot run (another
+        arbiter, another token, a fee cap below --fee-percent). Network I/O the first time."""
+        if self.terms is None:
+            from verifier.escrow import EscrowReader
+            self.reader = EscrowReader(self.chain, self.contract)
+            try:
+                terms = self.reader.settings()
+            except VerificationError:
+                raise
+            except Exception as exc:       # no code there, or another ABI: not a JobEscrow
+                raise ValueError(f'--escrow-contract {self.contract} does not answer as a JobEscrow: {exc}') from None
+            problems = [f'its {name} is {terms[name]}, not {want}' for name, want in (
+                ('arbiter', self.escrow_address), ('token', self.usdc)) if terms[name].lower() != want.lower()]
+            if self.settings.fee_percent * 100 > terms['maxFeeBps']:
+                problems.append(f'its fee cap is {terms["maxFeeBps"]} basis points, below --fee-percent '
+                                f'{self.settings.fee_percent}')
+            if problems:
+                raise ValueError(f'--escrow-contract {self.contract}: ' + '; '.join(problems) + ': refusing to start')
+            self.terms = terms
+        return self.terms
+
+    def sign_call(self, db, function, *args, gas=None):
+        """Sign a call of the JobEscrow with the next nonce, inside the caller's transaction: (raw, hash, nonce)."""
+        from verifier.escrow import CALL_GAS, call_data, sign_call
+        nonce = self.next_nonce(db)
+        max_fee, tip = self.fees or DEFAULT_FEE_CAPS
+        raw, tx_hash = sign_call(self.settings.escrow_key, contract=self.contract, data=call_data(function, *args),
+                                 nonce=nonce, chain_id=self.settings.chain_id, max_fee_per_gas=max_fee,
+                                 max_priority_fee_per_gas=tip, gas=gas or CALL_GAS)
+        return raw, tx_hash, nonce
+
+    def store_call(self, db, function, args, *, deposit, gas=None, **row):
+        """Sign a JobEscrow call that is not one payment (a relayed deposit, a proposal, its execution) and store
+        it in escrow_calls, inside the caller's transaction; the sweep (or the caller, after the commit) sends it."""
+        raw, tx_hash, nonce = self.sign_call(db, function, *args, gas=gas)
+        call = dict({'job_id': None, 'account_id': None, 'proposal_id': None, 'executable_at': None}, **row,
+                    id=new_id(), function=function, deposit_id=deposit, status='pending', tx_hash=tx_hash,
+                    raw_tx=raw, nonce=nonce, broadcast_at=None, created_at=now_iso())
+        db.insert('escrow_calls', call)
+        return call
+
+    def confirmed_deposit(self, deposit):
+        """A deposit as the contract holds it at a block --confirmations deep, or None. Network I/O."""
+        block = self.chain.block_number() - self.settings.confirmations + 1
+        return self.reader.deposit(deposit, max(block, 0))
 
     def sync(self, db):
         """Ask the node for the escrow wallet's next nonce and the fees (network), then store the nonce."""
@@ -1512,9 +1607,9 @@ class OnChain:
             mined = receipt['transactionHash'].lower()
             if receipt['status'] != 1:
                 status = 'failed'
-                if payment['tbl'] == 'payments':
-                    log.error('payout %s reverted on chain (%s): the escrow wallet needs attention',
-                              payment['id'], mined)
+                if payment['tbl'] != 'x402_payments':
+                    log.error('%s %s reverted on chain (%s): the escrow needs attention',
+                              'payout' if payment['tbl'] == 'payments' else 'escrow call', payment['id'], mined)
                 else:
                     log.warning('x402 settlement %s reverted on chain (%s): its call was not answered',
                                 payment['id'], mined)
@@ -1527,6 +1622,10 @@ class OnChain:
                 db.execute(f"""UPDATE {payment['tbl']} SET status = :status, tx_hash = :mined
                                WHERE id = :id AND status = 'pending'""",
                            {'status': status, 'mined': mined, 'id': payment['id']})
+                if payment['tbl'] == 'escrow_calls' and status == 'confirmed':   # an execution pays its proposal
+                    db.execute('''UPDATE payments SET status = 'confirmed', tx_hash = :mined WHERE status = 'scheduled'
+                                  AND call_id = (SELECT proposal_id FROM escrow_calls WHERE id = :id
+                                                 AND function = 'execute')''', {'mined': mined, 'id': payment['id']})
             result[status] += 1
         return result
 
@@ -1541,6 +1640,332 @@ class OnChain:
         latest = self.latest[1]
         return {'chainId': self.settings.chain_id, 'latestBlock': latest, 'escrowAddress': self.escrow_address,
                 'usdcAddress': self.usdc, 'reachable': latest is not None}
+
+    def escrow_health(self):
+        """Health's `escrow`: where the jobs' USDC is held. In contract mode the contract's terms (null until the
+        node has answered once); in wallet mode the escrow wallet, whose key is on this server (custodial)."""
+        if not self.contract:
+            return {'mode': 'wallet', 'contract': None, 'arbiter': None, 'guardian': None, 'arbiterDelay': None}
+        terms = self.terms or {}
+        return {'mode': 'contract', 'contract': self.contract, 'arbiter': self.escrow_address,
+                'guardian': terms.get('guardian'), 'arbiterDelay': terms.get('arbiterDelay')}
+
+
+###############################################################################
+# Contract mode: the JobEscrow contract (CONTRACT 21) #########################
+###############################################################################
+
+_BYTES32 = re.compile(r'0x[0-9a-fA-F]{64}')
+_SIGNATURE = re.compile(r'0x[0-9a-fA-F]{130}')
+RELAY_WAIT_SECONDS = 10     # how long POST /api/jobs waits for a relayed deposit to be mined before a 402 pending
+RECLAIM_BLOCKS = 5_000      # blocks of Reclaimed events read per sweep (nodes cap eth_getLogs ranges)
+
+
+def read_bytes32(value):
+    if not isinstance(value, str) or not _BYTES32.fullmatch(value):
+        raise ValueError('must be 0x and 64 hexadecimal digits')
+    return value.lower()
+
+
+def read_signature(value):
+    if not isinstance(value, str) or not _SIGNATURE.fullmatch(value):
+        raise ValueError('must be a signature: 0x and 130 hexadecimal digits (r, s, v)')
+    return value
+
+
+def escrow_requirements(settings, fields, account):
+    """What the 402 of POST /api/jobs asks for in contract mode: the deposit that funds this job. Network I/O the
+    first time (the contract's terms)."""
+    from verifier.escrow import account_hash, authorization_template
+    onchain, terms = settings.onchain, settings.onchain.contract_terms()
+    amount = cents_to_units(fields['amount_cents'], fields['currency'])
+    waits = 3600 * (fields['verification_window_hours'] + settings.dispute_timeout_hours) + terms['arbiterDelay']
+    return {'contract': onchain.contract, 'token': onchain.usdc, 'chainId': settings.chain_id, 'amount': str(amount),
+            'account': account_hash(account['id']), 'arbiterDelay': terms['arbiterDelay'],
+            'minRefundAfter': int(parse_time(fields['deadline']).timestamp()) + waits + 86400,
+            'depositId': 'keccak256(abi.encode(payer, account, refundAfter, salt))',
+            'authorizationTypedData': authorization_template(onchain.usdc, settings.chain_id, onchain.contract, amount,
+                                                             int(time.time()) + 3600)}
+
+
+def read_escrow_authorization(value, requirements):
+    """escrowAuthorization {payer, refundAfter, salt, validAfter, validBefore, signature}, checked: (deposit id,
+    the fields)."""
+    from verifier.escrow import deposit_id
+    form = Form(value if isinstance(value, dict) else {})
+    if not isinstance(value, dict):
+        form.errors['escrowAuthorization'] = 'must be an object'
+    auth = {'payer': form.parsed('payer', read_address, required=True),
+            'salt': form.parsed('salt', read_bytes32, required=True),
+            'signature': form.parsed('signature', read_signature, required=True),
+            **{name: form.integer(name, low=0, high=2 ** 64 - 1, default=None)
+               for name in ('refundAfter', 'validAfter', 'validBefore')}}
+    for name in ('refundAfter', 'validAfter', 'validBefore'):
+        if auth[name] is None and name not in form.errors:
+            form.errors[name] = 'is required'
+    if form.errors:
+        raise APIError('escrowAuthorization is not a signed authorization: see fields.', code='payment_invalid',
+                       fields={f'escrowAuthorization.{name}': why for name, why in form.errors.items()})
+    return deposit_id(auth['payer'], requirements['account'], auth['refundAfter'], auth['salt']).lower(), auth
+
+
+def job_funded_by_deposit(db, deposit, account, fields):
+    """The job a deposit funds already, if this requester posted it with these very fields (a retry); 409
+    payment_replayed if it funds anything else; None if it funds nothing yet."""
+    job = db.row('SELECT id, requester_id FROM jobs WHERE escrow_deposit_id = :id', {'id': deposit})
+    if job is None:
+        return None
+    if job['requester_id'] == account['id']:
+        job = get_job(db, job['id'])
+        if same_job(job, fields):
+            return job
+        raise Conflict(f'This deposit funds your job {job["id"]} already, whose fields differ from these: one '
+                       'deposit funds one job.', code='payment_replayed', extra={'jobId': job['id']})
+    raise Conflict('This deposit funds another job already: one deposit funds one job.', code='payment_replayed')
+
+
+def relay_deposit(svc, deposit, auth, requirements, account):
+    """Make the deposit an escrowAuthorization signs: depositWithAuthorization, sent by the service's key (it pays
+    the gas), once per deposit id, after simulating it (a refused authorization costs nothing). Waits a little for
+    it to be mined; the deposit as held at the confirmed block, or None (not yet)."""
+    from verifier.escrow import call_data
+    onchain, db = svc.settings.onchain, svc.db
+    args = [auth['payer'], requirements['account'], int(requirements['amount']), auth['refundAfter'], auth['salt'],
+            auth['validAfter'], auth['validBefore'], auth['signature']]
+    relayed = "SELECT * FROM escrow_calls WHERE deposit_id = :id AND function = 'depositWithAuthorization' " \
+              "AND status != 'failed'"
+    call = db.row(relayed, {'id': deposit})
+    if call is None:
+        reason = onchain.chain.revert_reason(onchain.escrow_address, onchain.contract,
+                                             call_data('depositWithAuthorization', *args))     # network
+        if reason is not None:
+            raise APIError(f'The contract refuses this authorization ({reason}): sign authorizationTypedData with '
+                           'the payer\'s wallet, its nonce the deposit id, value the amount asked, validBefore '
+                           'ahead.', code='payment_signature_invalid', status=402)
+        try:
+            with db.transaction():
+                call = onchain.store_call(db, 'depositWithAuthorization', args, deposit=deposit,
+                                          account_id=account['id'])
+        except apsw.ConstraintError:       # relayed by a request at the same time
+            call = db.row(relayed, {'id': deposit})
+        onchain.broadcast(db)
+    try:
+        onchain.wait_for_receipt(db, 'escrow_calls', dict(call, tbl='escrow_calls'), RELAY_WAIT_SECONDS)
+    except ChainUnavailable:
+        return None
+    return onchain.confirmed_deposit(deposit)
+
+
+def fund_from_deposit(svc, fields, body, account):
+    """POST /api/jobs on rail base in contract mode (CONTRACT 21): the job is funded by a JobEscrow deposit naming
+    the caller's account, the requester's own (escrowDepositId) or made here from the payer's signed authorization
+    (escrowAuthorization). Returns (job, created); every payment error carries escrowRequirements."""
+    try:
+        requirements = escrow_requirements(svc.settings, fields, account)         # network, the first time
+    except VerificationError as error:
+        raise payment_error(error) from None
+    except ValueError as error:     # read late (the node was down at start), the contract is not this server's
+        raise Unavailable(str(error), code='chain_unavailable', headers={'Retry-After': '60'}) from None
+    try:
+        return deposit_job(svc, fields, body, requirements, account)
+    except VerificationError as error:
+        refusal = payment_error(error)
+    except APIError as error:
+        if not error.code.startswith('payment_'):
+            raise
+        refusal = error
+    refusal.extra['escrowRequirements'] = requirements
+    raise refusal
+
+
+def deposit_job(svc, fields, body, requirements, account):
+    """fund_from_deposit's checks in order; nothing is stored before they pass (but a relayed deposit's call)."""
+    onchain, db = svc.settings.onchain, svc.db
+    deposit, auth = body.get('escrowDepositId'), body.get('escrowAuthorization')
+    if deposit is None and auth is None:
+        raise APIError('Fund the job first: deposit into the JobEscrow contract as escrowRequirements says, then '
+                       'post again with escrowDepositId; or sign authorizationTypedData and post it as '
+                       'escrowAuthorization (the service makes the deposit and pays its gas).',
+                       code='payment_required', status=402)
+    if deposit is not None and auth is not None:
+        raise APIError('Give escrowDepositId or escrowAuthorization, not both.', code='payment_invalid')
+    if auth is not None:
+        deposit, auth = read_escrow_authorization(auth, requirements)
+        if auth['refundAfter'] < requirements['minRefundAfter']:
+            raise APIError(f'refundAfter must be at least minRefundAfter ({requirements["minRefundAfter"]}).',
+                           code='payment_invalid', fields={'escrowAuthorization.refundAfter': 'too soon'})
+    elif not isinstance(deposit, str) or not _BYTES32.fullmatch(deposit):
+        raise APIError('escrowDepositId must be a deposit id: 0x and 64 hexadecimal digits.', code='payment_invalid',
+                       fields={'escrowDepositId': 'must be 0x and 64 hex digits'})
+    deposit = deposit.lower()
+    existing = job_funded_by_deposit(db, deposit, account, fields)
+    if existing:
+        return existing, False
+    held = onchain.confirmed_deposit(deposit)                           # network
+    if held is None and auth is not None:
+        held = relay_deposit(svc, deposit, auth, requirements, account)  # network
+    if held is None:
+        raise APIError(f'No deposit with this id is {svc.settings.confirmations} block(s) deep in the contract yet: '
+                       'post again once it is.', code='payment_pending', status=402,
+                       headers={'Retry-After': str(2 * svc.settings.confirmations)})
+    if held['account'].lower() != requirements['account']:
+        raise APIError('This deposit names another account: a deposit funds only jobs of the account it names.',
+                       code='payment_signature_invalid', status=402)
+    if held['remaining'] < int(requirements['amount']):
+        raise APIError(f'The deposit holds {held["remaining"]} base units; the job needs {requirements["amount"]}.',
+                       code='payment_insufficient', status=402)
+    if held['refundAfter'] < requirements['minRefundAfter']:
+        raise APIError(f'The deposit can be reclaimed at {held["refundAfter"]}, before minRefundAfter '
+                       f'({requirements["minRefundAfter"]}): the job could lose its money while it runs.',
+                       code='payment_invalid')
+    funding = {'tx_hash': None, 'payer': held['payer'], 'to': onchain.contract, 'amount': held['remaining'],
+               'deposit_id': deposit}
+    try:
+        return create_job(db, svc.settings, fields, funding), True
+    except apsw.ConstraintError:                               # the same deposit, posted twice at once
+        existing = job_funded_by_deposit(db, deposit, account, fields)
+        if existing:
+            return existing, False
+        raise
+
+
+def release_typed_data(settings, job, payee, amount, fee):
+    """The Release of a contract job's deposit its payer signs to pay `payee` at once (EIP-712 JSON)."""
+    from verifier.escrow import release_typed_data as typed_data
+    return typed_data(settings.onchain.contract, settings.chain_id, job['escrow_deposit_id'], payee, amount, fee)
+
+
+def claim_release(db, settings, job, claim):
+    """What approving a delivery of a contract job releases: the Release typed data for its worker's share."""
+    agent = get_agent(db, claim['agent_id'])
+    amount = cents_to_units(claim_share(job), job['currency'])
+    fee = release_fee(db, settings, job, amount)
+    return release_typed_data(settings, job, agent['wallet_address'], amount - fee, fee)
+
+
+def contract_release(db, settings, job, claim, agent, amount, fee, signature):
+    """Pay a contract job's worker `amount` (and `fee` to the fee recipient, by the same call): with the payer's
+    Release `signature` at once (release, signed and stored here, sent after the commit); without one, scheduled:
+    the sweep proposes it, and executes it after the contract's delay unless the guardian cancels it."""
+    payee, signed = agent['wallet_address'], {'status': 'scheduled'}
+    if signature is not None:
+        from verifier.escrow import typed_data_signer
+        typed = release_typed_data(settings, job, payee, amount, fee)
+        if (typed_data_signer(typed, signature) or '').lower() != (job['refund_address'] or '-').lower():
+            raise APIError("releaseSignature is not the payer's signature of this Release: sign releaseTypedData with "
+                           "the wallet that made the deposit, or approve without it (paid after the contract's "
+                           'delay).', code='payment_signature_invalid', status=402, extra={'releaseTypedData': typed})
+        raw, tx_hash, nonce = settings.onchain.sign_call(db, 'release', job['escrow_deposit_id'], payee, amount, fee,
+                                                         signature)
+        signed = {'status': 'pending', 'tx_hash': tx_hash, 'raw_tx': raw, 'nonce': nonce}
+    records = [record_payment(db, job, 'release', amount, debit=escrow_account(job['id']),
+                              credit=f'worker:{agent["id"]}', recipient=payee, claim_id=claim['id'], **signed)]
+    if fee:
+        records.append(record_payment(db, job, 'fee', fee, debit=escrow_account(job['id']), credit='fees',
+                                      recipient='operator', claim_id=claim['id'],
+                                      status='scheduled' if signature is None else 'confirmed'))
+    return records
+
+
+def escrow_sweep(db, settings):
+    """Contract mode, each sweep: propose each deposit's scheduled payments (one proposal pending per deposit),
+    execute those whose delay has passed on chain, refund the payer what a cancelled proposal would have paid,
+    and end the jobs whose deposits were reclaimed. {proposed, executed, cancelled, reclaimed}. Network I/O."""
+    from verifier.escrow import payees_gas
+    onchain, result = settings.onchain, dict.fromkeys(('proposed', 'executed', 'cancelled', 'reclaimed'), 0)
+    delay = onchain.contract_terms()['arbiterDelay']
+    for row in db.rows('''SELECT DISTINCT job_id FROM payments p WHERE status = 'scheduled' AND call_id IS NULL
+                          AND NOT EXISTS (SELECT 1 FROM payments o WHERE o.job_id = p.job_id
+                                          AND o.status = 'scheduled' AND o.call_id IS NOT NULL)'''):
+        with db.transaction():
+            job = get_job(db, row['job_id'])
+            waiting = db.rows('''SELECT * FROM payments WHERE job_id = :id AND status = 'scheduled'
+                                 AND call_id IS NULL ORDER BY seq''', {'id': job['id']})
+            releases = [payment for payment in waiting if payment['type'] == 'release']
+            call = onchain.store_call(
+                db, 'propose', [job['escrow_deposit_id'], [payment['recipient'] for payment in releases],
+                                [payment['amount'] for payment in releases],
+                                sum(payment['amount'] for payment in waiting if payment['type'] == 'fee')],
+                deposit=job['escrow_deposit_id'], gas=payees_gas(len(releases)), job_id=job['id'],
+                executable_at=iso(now() + timedelta(seconds=delay)))
+            db.execute('''UPDATE payments SET call_id = :call, executable_at = :at WHERE job_id = :id
+                          AND status = 'scheduled' AND call_id IS NULL''',
+                       {'call': call['id'], 'at': call['executable_at'], 'id': job['id']})
+        result['proposed'] += 1
+    proposals = db.rows('''SELECT * FROM escrow_calls c WHERE function = 'propose' AND status = 'confirmed'
+                           AND EXISTS (SELECT 1 FROM payments p WHERE p.call_id = c.id AND p.status = 'scheduled')
+                           AND NOT EXISTS (SELECT 1 FROM escrow_calls e WHERE e.proposal_id = c.id)''')
+    chain_time = onchain.chain.block('latest')['timestamp'] if proposals else None
+    for call in proposals:
+        proposal = onchain.reader.proposal(call['deposit_id'])
+        if proposal is None:        # executed by someone else (anyone may), cancelled, or dropped by a reclaim
+            ended = onchain.reader.proposal_end(call['deposit_id'], onchain.chain.receipt(call['tx_hash'])['blockNumber'])
+            if ended and ended[0] == 'executed':
+                with db.transaction():
+                    db.execute("""UPDATE payments SET status = 'confirmed', tx_hash = :tx WHERE call_id = :id
+                                  AND status = 'scheduled'""", {'tx': ended[1], 'id': call['id']})
+            elif ended and ended[0] == 'cancelled':
+                proposal_cancelled(db, settings, call)
+                result['cancelled'] += 1
+        elif proposal['executableAt'] <= chain_time:
+            with db.transaction():
+                onchain.store_call(db, 'execute', [call['deposit_id']], deposit=call['deposit_id'],
+                                   gas=payees_gas(len(proposal['payees'])), job_id=call['job_id'],
+                                   proposal_id=call['id'])
+            result['executed'] += 1
+    result['reclaimed'] = record_reclaims(db, settings)
+    return result
+
+
+def proposal_cancelled(db, settings, call):
+    """A proposal cancelled on chain (by the guardian, or the arbiter): what it would have paid is cancelled in the
+    ledger, and the payer refunded at once (the guardian stops payouts it does not trust; the payer's money is
+    never stuck). The job's escrow ends `refunded`."""
+    with db.transaction():
+        job = get_job(db, call['job_id'])
+        cancel_payments(db, db.rows("SELECT id FROM payments WHERE call_id = :id AND status = 'scheduled'",
+                                    {'id': call['id']}))
+        refund_escrow(db, settings, job)
+        db.execute("UPDATE jobs SET escrow_status = 'refunded', updated_at = :now WHERE id = :id",
+                   {'id': job['id'], 'now': now_iso()})
+    log.error('escrow: the proposal %s of job %s was cancelled on chain; its payer is refunded', call['id'], job['id'])
+
+
+def record_reclaims(db, settings):
+    """End the jobs whose deposits were reclaimed on chain (Reclaimed events --confirmations deep, read in
+    RECLAIM_BLOCKS steps from where the last sweep stopped): how many."""
+    onchain, ended = settings.onchain, 0
+    confirmed = onchain.chain.block_number() - settings.confirmations + 1
+    start = db.value("SELECT value FROM chain_state WHERE name = 'reclaims_from'")
+    start = confirmed if start is None else start
+    end = min(confirmed, start + RECLAIM_BLOCKS - 1)
+    for reclaim in onchain.reader.reclaims(start, end) if end >= start else ():
+        with db.transaction():
+            job = db.row("SELECT * FROM jobs WHERE escrow_deposit_id = :id AND NOT EXISTS (SELECT 1 FROM payments p "
+                         "WHERE p.job_id = jobs.id AND p.type = 'reclaim')", {'id': reclaim['id'].lower()})
+            if job is not None:
+                deposit_reclaimed(db, job, reclaim)
+                ended += 1
+    with db.transaction():
+        db.execute('''INSERT INTO chain_state (name, value) VALUES ('reclaims_from', :next)
+                      ON CONFLICT (name) DO UPDATE SET value = :next''', {'next': max(start, end + 1)})
+    return ended
+
+
+def deposit_reclaimed(db, job, reclaim):
+    """A job's deposit went back to its payer by `reclaim` on chain (its refundAfter passed): what was scheduled
+    and never proposed or executed is cancelled, what the escrow then holds goes back as a `reclaim` record, and a
+    job still running ends `expired` (escrow `refunded`), its claims and disputes closed."""
+    cancel_payments(db, db.rows("SELECT id FROM payments WHERE job_id = :id AND status = 'scheduled'",
+                                {'id': job['id']}))
+    record_payment(db, job, 'reclaim', escrow_balance(db, job['id']), debit=escrow_account(job['id']),
+                   credit=f'funding:{job["requester_id"]}', recipient=job['refund_address'], status='confirmed',
+                   tx_hash=reclaim['txHash'])
+    status = 'expired' if job['status'] not in FINAL_JOB_STATUSES else job['status']
+    end_claims_and_disputes(db, job, 'the JobEscrow contract', 'The deposit was reclaimed by its payer.')
+    db.execute("UPDATE jobs SET status = :status, escrow_status = 'refunded', updated_at = :now WHERE id = :id",
+               {'status': status, 'now': now_iso(), 'id': job['id']})
+    log.warning('escrow: the deposit of job %s was reclaimed on chain (%s)', job['id'], reclaim['txHash'])
 
 
 def used_payment(db, chain_id, tx_hash):
@@ -2439,7 +2864,7 @@ WEBHOOK_FORMATS = ('json', 'slack', 'discord', 'telegram')
 def service_wallet_problem(address, settings):
     """An agent's wallet must not be the service's own: the escrow address, nor the x402 address (CONTRACT.md 18)."""
     own = {'the escrow address': settings.onchain and settings.onchain.escrow_address,
-           'the x402 payTo address': settings.x402_pay_to}
+           'the escrow contract': settings.escrow_contract, 'the x402 payTo address': settings.x402_pay_to}
     for name, wallet in own.items():
         if wallet and wallet.lower() == address.lower():
             return f'must not be {name} of this service'
@@ -2770,6 +3195,7 @@ def create_job(db, settings, fields, funding=None, checkout=None):
     moment = now_iso()
     job = dict(fields, id=fields.get('id') or new_id(), status='open', escrow_status='locked',
                escrow_tx_hash=funding and funding['tx_hash'], refund_address=funding and funding['payer'],
+               escrow_deposit_id=funding and funding.get('deposit_id'),
                requirements=json.dumps(fields['requirements']),
                acceptance_criteria=json.dumps(fields['acceptance_criteria']),
                created_at=moment, updated_at=moment)
@@ -2780,7 +3206,7 @@ def create_job(db, settings, fields, funding=None, checkout=None):
         if not db.value('SELECT 1 FROM accounts WHERE id = :id', {'id': job['requester_id']}):
             raise NotFound('No account has this id (requesterId).')
         db.insert('jobs', job)
-        if funding:
+        if funding and funding['tx_hash']:        # a deposit is used up by jobs.escrow_deposit_id (unique)
             db.insert('used_payments', {'chain_id': settings.chain_id, 'tx_hash': funding['tx_hash'],
                                         'purpose': 'escrow', 'account_id': job['requester_id'],
                                         'job_id': job['id'], 'created_at': moment})
@@ -2941,12 +3367,19 @@ REPUTATION = {
 }
 
 
-def approve_claim(db, settings, job, claim, *, auto=False, rule='approved', reason=None):
+def claim_share(job):
+    """The cents an approved delivery is paid: the price, or in all-paid mode paymentAmount / maxWorkers, rounded
+    down to the cent."""
+    return job['amount_cents'] // job['max_workers'] if job['competition_mode'] == 'all-paid' else job['amount_cents']
+
+
+def approve_claim(db, settings, job, claim, *, auto=False, rule='approved', reason=None, release_signature=None):
     """Pay a delivered (or disputed) claim and, unless more all-paid shares remain, finish the job.
 
     first-wins and best-wins pay the whole price to one claim and supersede the others; while another
     claim of such a job is under dispute its escrow is spoken for, so the approval waits (409).
-    all-paid pays each approved claim paymentAmount / maxWorkers, rounded down to the cent.
+    all-paid pays each approved claim its share (claim_share). In contract mode `release_signature`, the payer's
+    Release, pays at once; without it the payment is scheduled (contract_release).
     """
     if job['competition_mode'] != 'all-paid' and db.value(
             "SELECT 1 FROM claims WHERE job_id = :job AND status = 'disputed' AND id != :claim",
@@ -2954,11 +3387,9 @@ def approve_claim(db, settings, job, claim, *, auto=False, rule='approved', reas
         raise Conflict('Another delivery of this job is under dispute; approve after it is resolved.',
                        code='dispute_open')
     agent = get_agent(db, claim['agent_id'])
-    cents = job['amount_cents']
-    if job['competition_mode'] == 'all-paid':
-        cents //= job['max_workers']
     verified = now_iso()        # the verdict comes before the payment it makes (the job's timeline shows that order)
-    release = release_to_worker(db, settings, job, claim, agent, cents_to_units(cents, job['currency']))[0]
+    release = release_to_worker(db, settings, job, claim, agent, cents_to_units(claim_share(job), job['currency']),
+                                release_signature)[0]
     set_claim_status(db, claim['id'], 'approved', verified_at=verified, auto_approved=int(auto),
                      verification_reason=reason)
     adjust_reputation(db, agent['id'], *REPUTATION[rule], job['id'], claim['id'])
@@ -2998,7 +3429,7 @@ def reject_claim(db, settings, job, claim, *, rule='rejected', unpaid_status='re
         refresh_multi_worker_job(db, settings, job, unpaid_status)
 
 
-def verify_claim(db, settings, job_id, claim_id, approved, account, reason=None):
+def verify_claim(db, settings, job_id, claim_id, approved, account, reason=None, release_signature=None):
     """The requester's verdict on a delivery; return (job, claim, payments made)."""
     with db.transaction():
         job = get_job(db, job_id)
@@ -3009,7 +3440,7 @@ def verify_claim(db, settings, job_id, claim_id, approved, account, reason=None)
                            code='claim_not_delivered')
         before = db.value('SELECT max(seq) FROM payments')
         if approved:
-            approve_claim(db, settings, job, claim, reason=reason)
+            approve_claim(db, settings, job, claim, reason=reason, release_signature=release_signature)
         else:
             reject_claim(db, settings, job, claim, reason=reason)
         payments = new_payments(db, job_id, before)
@@ -3179,6 +3610,7 @@ PAYMENT_FIELDS = (
     ('recipient', 'p.recipient', lambda payment: payment['recipient']),
     ('txHash', 'p.tx_hash', lambda payment: payment['tx_hash']),
     ('reference', 'p.reference', lambda payment: payment['reference']),
+    ('executableAt', 'p.executable_at', lambda payment: payment['executable_at']),
     ('createdAt', 'p.created_at', lambda payment: payment['created_at']),
 )
 # GET /api/jobs/:id in one statement: the job, its claims (oldest first) and its payments (in the order money
@@ -3217,9 +3649,9 @@ def agent_names(db, agent_ids):
 # GET /api/jobs/:id gives it. Each step has a kind; the steps of one moment (one transaction) keep the order of
 # these kinds, the order in which they happen.
 TIMELINE_KINDS = ('posted', 'stripe', 'escrow', 'claimed', 'delivered', 'disputed', 'dispute_decided', 'approved',
-                  'rejected', 'claim_expired', 'release', 'fee', 'refund', 'cancelled', 'expired')
+                  'rejected', 'claim_expired', 'release', 'fee', 'refund', 'reclaim', 'cancelled', 'expired')
 PAYMENT_EVENTS = {'escrow': 'Escrow locked', 'release': 'Paid to the worker', 'refund': 'Refunded to the requester',
-                  'fee': 'Operator fee'}
+                  'fee': 'Operator fee', 'reclaim': 'Reclaimed from the contract by the payer'}
 
 
 def job_timeline(job, claims, disputes, payments, names, notes=()):
@@ -3854,24 +4286,35 @@ def return_card_money(db, job, escrow_status, reference):
     claims = {p['claim_id'] for p in unsent if p['type'] == 'release'}
     fees = db.rows('''SELECT id, claim_id FROM payments WHERE job_id = :id AND type = 'fee'
                       AND status != 'cancelled' ''', {'id': job['id']})
-    for payment in unsent + [fee for fee in fees if fee['claim_id'] in claims]:
-        db.execute("UPDATE payments SET status = 'cancelled' WHERE id = :id", {'id': payment['id']})
-        db.execute('''INSERT INTO ledger_entries (payment_id, job_id, account, amount, currency, created_at)
-                      SELECT payment_id, job_id, account, -amount, currency, :now FROM ledger_entries
-                      WHERE payment_id = :id ORDER BY id''', {'id': payment['id'], 'now': now_iso()})
+    cancel_payments(db, unsent + [fee for fee in fees if fee['claim_id'] in claims])
     balance = escrow_balance(db, job['id'])
     if balance > 0:
         record_payment(db, job, 'refund', balance, debit=escrow_account(job['id']),
                        credit=f'funding:{job["requester_id"]}', recipient=job['refund_address'] or job['requester_id'],
                        status='confirmed', reference=reference)
-    moment = now_iso()      # nothing is left to deliver, decide or pay: claims end, open disputes close undecided
+    end_claims_and_disputes(db, job, 'Stripe', 'The card payment went back to the payer: nothing to decide.')
+    db.execute('''UPDATE jobs SET status = 'cancelled', escrow_status = :escrow, escrow_unheld = NULL,
+                  updated_at = :now WHERE id = :id''', {'escrow': escrow_status, 'now': now_iso(), 'id': job['id']})
+
+
+def cancel_payments(db, payments):
+    """Payments that will never be made: status `cancelled`, their two ledger entries reversed by two more."""
+    for payment in payments:
+        db.execute("UPDATE payments SET status = 'cancelled' WHERE id = :id", {'id': payment['id']})
+        db.execute('''INSERT INTO ledger_entries (payment_id, job_id, account, amount, currency, created_at)
+                      SELECT payment_id, job_id, account, -amount, currency, :now FROM ledger_entries
+                      WHERE payment_id = :id ORDER BY id''', {'id': payment['id'], 'now': now_iso()})
+
+
+def end_claims_and_disputes(db, job, by, why):
+    """Nothing is left to deliver, decide or pay: a job's active claims end superseded, its open disputes close
+    undecided (resolved by `by`, for `why`)."""
+    moment = now_iso()
     db.execute(f'''UPDATE claims SET status = 'superseded', updated_at = :now WHERE job_id = :id
                    AND status IN {ACTIVE_CLAIMS}''', {'id': job['id'], 'now': moment})
-    db.execute('''UPDATE disputes SET status = 'resolved', resolution = :why, resolved_by = 'Stripe',
+    db.execute('''UPDATE disputes SET status = 'resolved', resolution = :why, resolved_by = :by,
                   resolved_at = :now WHERE job_id = :id AND status = 'open' ''',
-               {'id': job['id'], 'now': moment, 'why': 'The card payment went back to the payer: nothing to decide.'})
-    db.execute('''UPDATE jobs SET status = 'cancelled', escrow_status = :escrow, escrow_unheld = NULL,
-                  updated_at = :now WHERE id = :id''', {'escrow': escrow_status, 'now': moment, 'id': job['id']})
+               {'id': job['id'], 'now': moment, 'why': why, 'by': by})
 
 
 def account_ready(account):
@@ -4187,6 +4630,11 @@ def run_sweeps(db, settings, fan_out=True):
     ask Stripe for the connected accounts that releases wait for (check_connected_accounts) and send what is due;
     then forget the Idempotency-Key answers over 24 hours old and the browser sessions past their time."""
     result = {'expire': expire_overdue_jobs(db, settings), 'autoVerify': auto_verify_deliveries(db, settings)}
+    if settings.onchain and settings.onchain.contract:
+        try:
+            result['escrow'] = escrow_sweep(db, settings)
+        except (VerificationError, ValueError) as exc:     # the node, or a contract not this server's
+            log.warning('escrow sweep waits: %s', exc)
     if settings.onchain:
         settings.onchain.broadcast(db)
         result['payouts'] = settings.onchain.confirm(db)
@@ -4533,12 +4981,6 @@ def job_stream(svc, stream_filter, after_seq=None, since=None):
 # Read replicas ###############################################################
 ###############################################################################
 
-# A primary replicated by Litestream (--replica-url) writes a heartbeat, the time in unix milliseconds, every
-# --heartbeat-interval seconds; a read replica (--read-replica-of) is as far behind as the newest heartbeat it
-# can see is old (the two machines' clocks agree, through NTP). The heartbeat is a row of chain_state, the table
-# of small counters, so no schema change: name 'heartbeat_ms'.
-REPLICA_POLL_SECONDS = 0.5      # how often a replica looks for new jobs for its streams (the extension: every 1 s)
-
 
 def write_heartbeat(db, moment=None):
     """Store the time (unix seconds, default now) as the primary's heartbeat, in one transaction."""
@@ -4563,65 +5005,6 @@ def replica_lagging(service, lag):
     return service.replica_resync_lag
 
 
-def watch_replica_forever(service):
-    """On a read replica: every second, look at the lag. Past --max-replica-lag, reopen the view of the replica,
-    at most once per --max-replica-lag seconds, with one log line saying why: a litestream-vfs connection opened
-    before the primary's first compaction stops following at the second one and never catches up (0.5.17, an
-    upstream bug: README, "Read replicas"), while a new connection in the same process reads the replica as it is.
-    A primary whose Litestream stopped makes every replica lag too: reopening then changes nothing, and reads go
-    on being refused until the heartbeats arrive again.
-
-    A view that caught up after lagging is not trusted either: when the primary's Litestream goes on after a stall,
-    its overdue L1 compaction (ending before the changes made meanwhile) and the L0 files holding those changes
-    reach the extension in one poll, and if the database grew meanwhile, 0.5.17 replaces its page index with the
-    L1 file's pages alone: the changes of those L0 files are lost for good (a job posted during the stall never
-    shows) while the later heartbeats do show. So reads stay refused (service.replica_resync_lag) until a fresh
-    view, opened after the catch-up, is itself within the limit."""
-    import gevent
-    limit, reopened = service.settings.max_replica_lag, -math.inf
-    while True:
-        gevent.sleep(REPLICA_POLL_SECONDS)
-        try:
-            lag = replica_lag(service.db)
-        except apsw.Error:
-            # The same upstream bug leaves pages out of the index when they are not cached ("page not found",
-            # "database disk image is malformed"): a fresh view, and reads refused till it is within the limit.
-            log.exception('reading the replica\'s lag failed; its view of the replica is reopened')
-            if service.replica_resync_lag is None:
-                service.replica_resync_lag = float(limit)
-            try:
-                service.db.reopen()
-                service.replica_reopenings += 1
-            except Exception:
-                log.exception('reopening the replica failed; trying again')
-            continue
-        over = lag is not None and lag > limit
-        if over:
-            service.replica_resync_lag = lag
-        if over and time.monotonic() - reopened >= limit:
-            log.warning('read replica %s s behind its primary (over --max-replica-lag %g s): reads are refused, '
-                        'and its view of the replica is reopened', lag, limit)
-            try:
-                service.db.reopen()
-                service.replica_reopenings += 1
-            except Exception:
-                log.exception('reopening the replica failed; trying again in %g s', limit)
-            reopened = time.monotonic()
-        elif service.replica_resync_lag is not None and not over:
-            # the view that caught up may have lost changes: a fresh one, and reads once it is within the limit
-            log.info('read replica caught up (%s s behind its primary): its view of the replica is reopened before '
-                     'it serves reads again', lag)
-            try:
-                service.db.reopen()
-                service.replica_reopenings += 1
-                lag = replica_lag(service.db)
-            except Exception:
-                log.exception('reopening the replica after it caught up failed; trying again')
-                continue
-            if lag is not None and lag <= limit:
-                service.replica_resync_lag = None
-
-
 def publish_replicated_jobs(db, hub, after_seq, waiting):
     """Offer the streams of a replica the jobs the primary made after `after_seq` that are open now, and those of
     `waiting` (seen pending_payment) that have opened since; the new (after_seq, waiting)."""
@@ -4639,31 +5022,6 @@ def publish_replicated_jobs(db, hub, after_seq, waiting):
         if job['status'] == 'open':
             hub.publish(job)
     return after_seq, waiting
-
-
-def replicated_jobs_forever(service):
-    """On a read replica: every REPLICA_POLL_SECONDS, offer the jobs the primary opened to this server's streams
-    (a stream here sees a job within a few seconds of its commit on the primary)."""
-    import gevent
-    db = service.db
-    after_seq, waiting = db.value('SELECT coalesce(max(seq), 0) FROM jobs'), set()
-    while True:
-        gevent.sleep(REPLICA_POLL_SECONDS)
-        try:
-            after_seq, waiting = publish_replicated_jobs(db, service.hub, after_seq, waiting)
-        except apsw.Error:
-            log.exception('reading new jobs from the replica failed; trying again')
-
-
-def heartbeat_forever(service):
-    """On a primary replicated by Litestream: write the heartbeat every --heartbeat-interval seconds."""
-    import gevent
-    while True:
-        try:
-            write_heartbeat(service.db)
-        except apsw.Error:
-            log.exception('the replication heartbeat failed; trying again')
-        gevent.sleep(service.settings.heartbeat_interval)
 
 
 ###############################################################################
@@ -4766,6 +5124,7 @@ def health():
             health.update(status='lagging', error=error.message, code=error.code)
     if svc.settings.onchain:
         health['chain'] = svc.settings.onchain.health()
+        health['escrow'] = svc.settings.onchain.escrow_health()
     if not connected:
         # The health shape, with the error fields too, for clients that read every 5xx as an error.
         response.status = 503
@@ -4791,7 +5150,18 @@ def metrics_state(svc):
                          last_sweep_at=last_sweep[0], last_sweep_seconds=last_sweep[1],
                          chain_reachable=svc.settings.onchain.health()['reachable'] if svc.settings.onchain else None,
                          database_bytes=sum(sizes), replica_lag=replica_lag(db) if svc.replica else None,
-                         replica_reopenings=svc.replica_reopenings if svc.replica else None)
+                         replica_reopenings=svc.replica_reopenings if svc.replica else None,
+                         escrow_proposals=escrow_proposals(db) if svc.settings.onchain and svc.settings.onchain.contract
+                         else None)
+
+
+def escrow_proposals(db):
+    """Contract mode: how many jobs have scheduled payouts waiting to be proposed, and proposed (CONTRACT 21)."""
+    counts = {'waiting': 0, 'proposed': 0}
+    for row in db.rows("""SELECT call_id IS NOT NULL AS proposed, count(DISTINCT job_id) AS n FROM payments
+                          INDEXED BY payments_scheduled WHERE status = 'scheduled' GROUP BY 1"""):
+        counts['proposed' if row['proposed'] else 'waiting'] = row['n']
+    return counts
 
 
 @route('GET', '/metrics')
@@ -5025,7 +5395,6 @@ def post_redeliver(agent_id, delivery_id):
                                                  {'id': delivery_id}))}
 
 
-
 ###############################################################################
 # Routes: jobs, search, matching and the stream ###############################
 ###############################################################################
@@ -5134,7 +5503,9 @@ def post_job():
         job, checkout_url = create_checkout_job(svc, fields)
         response.status = 201
         return {'job': job_json(job, svc.settings.base_url), 'checkoutUrl': checkout_url}
-    if svc.settings.onchain and fields['rail'] == 'base':
+    if svc.settings.onchain and svc.settings.onchain.contract and fields['rail'] == 'base':
+        job, created = fund_from_deposit(svc, fields, body, account)
+    elif svc.settings.onchain and fields['rail'] == 'base':
         job, created = create_funded_job(svc, fields, body, account)
     else:
         job, created = create_job(svc.db, svc.settings, fields), True
@@ -5169,9 +5540,26 @@ def show_job(job_id):
                                          **reader_params(caller())})
     if text is None:
         raise NotFound('No job has this id.')
-    timeline = [timeline_json(step) for step in job_story(svc.db, orjson.loads(text))]
+    detail = orjson.loads(text)
+    timeline = [timeline_json(step) for step in job_story(svc.db, detail)]
+    tail = b',"timeline":' + orjson.dumps(timeline)
+    releases = releases_to_sign(svc, detail['job']['id'], caller())
+    if releases:
+        tail += b',"releaseTypedData":' + orjson.dumps(releases)
     response.content_type = JSON_TYPE
-    return text[:-1].encode() + b',"timeline":' + orjson.dumps(timeline) + b'}'     # the text is one JSON object
+    return text[:-1].encode() + tail + b'}'     # the text is one JSON object
+
+
+def releases_to_sign(svc, job_id, account):
+    """Contract mode, for the requester: the Release to sign for each delivery waiting for a decision, by claim id
+    (approving with its signature pays at once; without one, after the contract's delay)."""
+    if not (svc.settings.onchain and svc.settings.onchain.contract and account):
+        return None
+    job = get_job(svc.db, job_id)
+    if job['escrow_deposit_id'] is None or job['requester_id'] != account['id']:
+        return None
+    return {claim['id']: claim_release(svc.db, svc.settings, job, claim) for claim in svc.db.rows(
+        "SELECT * FROM claims WHERE job_id = :id AND status = 'delivered' ORDER BY created_at", {'id': job_id})}
 
 
 @route('POST', '/api/jobs/<job_id>/claim', limit='job_action')
@@ -5214,9 +5602,11 @@ def post_verify(job_id):
     claim_id = form.uuid('claimId', required=True)
     approved = form.boolean('approved', required=True)
     reason = form.text('reason', max_len=5000, allow_empty=True)
+    signature = form.parsed('releaseSignature', read_signature)     # contract mode: the payer's Release
     form.done()
     svc = service()
-    job, claim, payments = verify_claim(svc.db, svc.settings, job_id, claim_id, approved, account, reason or None)
+    job, claim, payments = verify_claim(svc.db, svc.settings, job_id, claim_id, approved, account, reason or None,
+                                        signature if approved else None)
     return {'job': job_json(job, svc.settings.base_url), 'claim': claim_json(claim, True),     # the requester's
             'escrowStatus': job['escrow_status'], 'payments': [payment_json(p) for p in payments]}
 
@@ -5594,7 +5984,8 @@ def check_replica_schema(db):
 class Faces:
     """What the app is handed of its faces, the modules that speak other vocabularies than the marketplace's rules
     (README, "Layout: the house"). They import these rules; the rules never import them: wiring.py, the program's top,
-    builds this once and hands it to make_app and main. A face's API routes register themselves with `route`."""
+    builds this once and hands it to make_app and command_line.main. A face's API routes register themselves with
+    `route`."""
     openapi_document: object    # openapi_spec: (base URL, x402 prices) -> the document; fails on an undocumented route
     operations: dict            # openapi_spec.API_OPERATIONS: (method, rule) -> its operation (the app reads `auth`)
     x402: type                  # pay_per_call.X402: pay per call, made when --x402-price prices an endpoint
@@ -5994,431 +6385,6 @@ def call_app(app, method, path, body=None, key=None, headers=None):
     content_type = outcome['headers'].get('Content-Type', '')
     decoded = json.loads(data) if content_type.startswith('application/json') and data else data
     return outcome['status'], outcome['headers'], decoded
-
-
-###############################################################################
-# Demo data ###################################################################
-###############################################################################
-
-def seed(db_settings, fixtures_path, faces, out=print):
-    """Load the demo fixtures through the API itself; print the demo keys; return them by name."""
-    # Demo money is simulated; the demo's arbitrators are active at once and its disputes take three votes.
-    settings = Settings(**dict(vars(db_settings), rate_limits='off', rpc_url='', open_arbitration=True,
-                               required_votes=3))
-    app = make_app(settings, faces)
-    db = app.service.db
-    if db.value('SELECT count(*) FROM accounts WHERE role = \'member\''):
-        raise RuntimeError(f'{settings.db} already holds accounts; seed only a new database')
-    fixtures = json.loads(Path(fixtures_path).read_text())
-    keys, agents, owners, arbitrators = {}, {}, {}, {}
-
-    def call(method, path, body, key):
-        status, _, answer = call_app(app, method, path, body, key)
-        if status >= 300:
-            raise RuntimeError(f'fixture call {method} {path} failed: {status} {answer}')
-        return answer
-
-    for account in fixtures['accounts']:
-        keys[account['name']] = create_account(db, account['name'], account.get('role', 'member'))[1]
-    for agent in fixtures['agents']:
-        agent = dict(agent)
-        owners[agent['name']] = keys[agent.pop('owner')]
-        agents[agent['name']] = call('POST', '/api/agents', agent, owners[agent['name']])['agent']['id']
-    admin_key = next((keys[a['name']] for a in fixtures['accounts'] if a.get('role') == 'admin'), None)
-    for arbitrator in fixtures.get('arbitrators', []):
-        owner = keys[arbitrator['owner']]
-        body = {'name': arbitrator['name'], 'walletAddress': arbitrator['walletAddress'],
-                'accountId': account_for_key(db, owner)['id']}
-        arbitrator_id = call('POST', '/api/arbitrators', body, admin_key)['arbitrator']['id']
-        if arbitrator.get('trusted'):
-            call('PATCH', f'/api/arbitrators/{arbitrator_id}', {'trusted': True}, admin_key)
-        arbitrators[arbitrator['name']] = (arbitrator_id, owner)
-    for job in fixtures['jobs']:
-        job = dict(job)
-        requester, story = job.pop('requester'), job.pop('story', [])
-        job['deadline'] = iso(now() + timedelta(hours=job.pop('deadlineInHours')))
-        job_id = call('POST', '/api/jobs', job, keys[requester])['job']['id']
-        claim_id = None
-        for step in story:
-            action, value = next(iter(step.items()))
-            if action == 'claim':
-                owner_key = owners[value]
-                claim_id = call('POST', f'/api/jobs/{job_id}/claim', {'agentId': agents[value]}, owner_key)['claim']['id']
-            elif action == 'deliver':
-                call('POST', f'/api/jobs/{job_id}/deliver', {'claimId': claim_id, 'deliverable': value}, owner_key)
-            elif action == 'verify':
-                call('POST', f'/api/jobs/{job_id}/verify', {'claimId': claim_id, 'approved': value}, keys[requester])
-            elif action == 'cancel':
-                call('POST', f'/api/jobs/{job_id}/cancel', {}, keys[requester])
-            elif action == 'dispute':
-                dispute_id = call('POST', f'/api/jobs/{job_id}/dispute', {'claimId': claim_id, 'reason': value},
-                                  keys[requester])['dispute']['id']
-            elif action == 'vote':
-                arbitrator_id, voter_key = arbitrators[value['arbitrator']]
-                call('POST', f'/api/disputes/{dispute_id}/vote', {'arbitratorId': arbitrator_id, 'vote': value['vote'],
-                                                                  'reasoning': value['reasoning']}, voter_key)
-    app.service.close()
-    out(f'Seeded {settings.db}: {len(fixtures["accounts"])} accounts, {len(agents)} agents, '
-        f'{len(arbitrators)} arbitrators, {len(fixtures["jobs"])} jobs.')
-    out('Demo API keys (shown once; use them as "Authorization: Bearer <key>"):')
-    for name, key in keys.items():
-        out(f'  {name:<20} {key}')
-    return keys
-
-
-###############################################################################
-# The server ##################################################################
-###############################################################################
-
-FILES_BESIDE_CONNECTIONS = 256  # open files the process needs beside its connections: database, logs, webhooks
-
-
-class JsonLogFormatter(logging.Formatter):
-    """--log-format json: a log record as one JSON object on one line (time, level, logger, message[, exception])."""
-
-    def format(self, record):
-        line = {'time': iso(datetime.fromtimestamp(record.created, timezone.utc)), 'level': record.levelname,
-                'logger': record.name, 'message': record.getMessage()}
-        if record.exc_info and not record.exc_text:
-            record.exc_text = self.formatException(record.exc_info)
-        if record.exc_text:
-            line['exception'] = record.exc_text
-        return json.dumps(line)
-
-
-def raise_open_files_limit(settings):
-    """Raise this process's soft limit on open files toward the hard limit, so the connection caps can be reached."""
-    try:
-        import resource
-    except ImportError:         # not a Unix
-        return
-    wanted = settings.max_connections + FILES_BESIDE_CONNECTIONS
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError) as exc:
-            log.warning('could not raise the open files limit from %s to %s: %s', soft, target, exc)
-    if hard != resource.RLIM_INFINITY and hard < wanted:
-        log.warning('the hard limit on open files (%s) is below --max-connections (%s) plus %s: connections will '
-                    'fail before the cap; raise it (ulimit -Hn, or LimitNOFILE= in a systemd unit)',
-                    hard, settings.max_connections, FILES_BESIDE_CONNECTIONS)
-
-
-def sweep_forever(service):
-    """Run both sweeps every --sweep-interval seconds, the first one interval after start."""
-    import gevent
-    while True:
-        gevent.sleep(service.settings.sweep_interval)
-        started = time.monotonic()
-        try:
-            result = run_sweeps(service.db, service.settings, fan_out=False)
-            service.last_sweep = (time.time(), time.monotonic() - started)
-            service.fan_out()
-            for job_id in result.get('checkouts', {}).get('opened', ()):
-                service.hub.publish(get_job(service.db, job_id))        # paid, and its event never came
-        except Exception:
-            log.exception('sweep failed; trying again in %s s', service.settings.sweep_interval)
-            continue
-        checkouts = result.get('checkouts', {})
-        if (result['expire']['expired'] or result['expire']['reputationPenalties'] or result['autoVerify']['autoApproved']
-                or checkouts.get('opened') or checkouts.get('cancelled')
-                or result.get('stripePayments', {}).get('sent') or result.get('stripeAccounts', {}).get('enabled')):
-            log.info('sweep: %s', json.dumps(result))
-
-
-def fan_out_forever(service):
-    """Expand the outbox events into deliveries whenever a request wakes it (and every second, for events that
-    another process or the sweep command wrote), yielding between batches so that requests are not held."""
-    import gevent
-    import gevent.event
-    service.fan_out_wanted = gevent.event.Event()
-    while True:
-        service.fan_out_wanted.clear()
-        try:
-            fan_out_events(service.db, pause=gevent.idle)     # first: what a stopped server left
-        except Exception:
-            log.exception('webhook fan-out failed; trying again')
-            gevent.sleep(1)
-        service.fan_out_wanted.wait(timeout=1.0)
-
-
-def metrics_app(svc):
-    """The WSGI app of the --metrics-port listener: GET /metrics without a key, and nothing else."""
-    def answer(environ, start_response):
-        method = environ['REQUEST_METHOD']
-        headers = [('X-Content-Type-Options', 'nosniff'), ('X-Request-Id', request_id(environ))]
-        if environ.get('PATH_INFO') != '/metrics':
-            status, body = 404, {'error': 'This listener serves only GET /metrics.', 'code': 'not_found'}
-        elif method not in ('GET', 'HEAD'):
-            status, body = 405, {'error': 'This path accepts only GET, HEAD.', 'code': 'method_not_allowed'}
-            headers.append(('Allow', 'GET, HEAD'))
-        else:
-            status, body = 200, svc.metrics.scrape()
-        if status == 200:
-            headers.append(('Content-Type', metrics.CONTENT_TYPE))
-        else:
-            body = json_bytes(dict(body, status=status))
-            headers.append(('Content-Type', JSON_TYPE))
-        headers.append(('Content-Length', str(len(body))))
-        start_response(f'{status} {bottle.HTTP_CODES[status]}', headers)
-        return [b''] if method == 'HEAD' else [body]
-    return answer
-
-
-def listen(server, host, port, before=None):
-    """Start a gevent server; a port that cannot be had (in use, not allowed) is a ValueError naming it, after
-    stopping the listener started `before` it."""
-    try:
-        server.start()
-    except OSError as exc:
-        if before is not None:
-            before.stop(timeout=0)
-        raise ValueError(f'cannot listen on {host}:{port}: {exc.strerror or exc}') from None
-
-
-def serve(settings, faces):
-    """Serve until SIGTERM or SIGINT, then finish requests in flight and return (exit 0)."""
-    import gevent
-    app = make_app(settings, faces)
-    app.service.background = True
-    raise_open_files_limit(settings)
-    server = faces.make_server(app, settings)
-
-    def stop(signum):
-        log.info('signal %s: stopping (finishing requests in flight)', signum)
-        app.service.hub.close()     # open streams send `timeout` and end
-        server.close()              # wakes serve_forever, which stops gracefully
-
-    def stop_without_litestream():
-        """Stop as on SIGTERM once the litestream that runs this server is gone (killed alone): never serve
-        writes that nothing replicates."""
-        while not replication.litestream_gone():
-            gevent.sleep(1)
-        log.error('litestream, which replicates the database, is gone: stopping')
-        stop('(litestream gone)')
-
-    gevent.signal_handler(signal.SIGTERM, stop, signal.SIGTERM)
-    gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)
-    if os.environ.get(replication.UNDER_LITESTREAM):
-        gevent.spawn(stop_without_litestream)
-    listen(server, settings.host, settings.port)
-    metrics_server = metrics_listener(app, server, settings)
-    if app.service.replica:
-        serve_replica(app, server, metrics_server, settings)
-        return
-    sweeper = gevent.spawn(sweep_forever, app.service)
-    fan_out = gevent.spawn(fan_out_forever, app.service)
-    webhooks = faces.webhook_worker(app.service)
-    deliverer = gevent.spawn(webhooks.run)
-    heartbeat = gevent.spawn(heartbeat_forever, app.service) if settings.replica_url else None
-    payments = (f'payments onchain, chain {settings.chain_id}, escrow {settings.onchain.escrow_address}'
-                if settings.onchain else 'payments simulated')
-    if app.service.x402:
-        payments += '; x402: ' + ', '.join(f'{price.endpoint} {price.usdc} USDC' for price in settings.x402_price) \
-            + f' to {app.service.x402.pay_to}'
-    if settings.replica_url:
-        payments += f'; replicated by Litestream to {replication.public_url(settings.replica_url)}'
-    log.info('marketplace %s serving on http://%s:%s (database %s, %s)',
-             __version__, settings.host, server.server_port, settings.db, payments)
-    server.serve_forever(stop_timeout=settings.shutdown_timeout)
-    if metrics_server is not None:
-        metrics_server.stop(timeout=1)
-    sweeper.kill()
-    fan_out.kill()
-    deliverer.kill()
-    if heartbeat is not None:
-        heartbeat.kill()
-    webhooks.stop()
-    log.info('%d group commits made %d write transactions durable', app.service.db.commits, app.service.db.grouped)
-    app.service.close()
-    log.info('stopped')
-
-
-def metrics_listener(app, server, settings):
-    """The --metrics-port listener, started (None when it is off): without keys, and its scrapes are not counted
-    as requests. `server` is stopped when the port cannot be had."""
-    if not settings.metrics_port:
-        return None
-    from gevent.pywsgi import WSGIServer
-    listener = WSGIServer((settings.metrics_host, settings.metrics_port), metrics_app(app.service),
-                          log=None, error_log=logging.getLogger('marketplace.server'))
-    listen(listener, settings.metrics_host, settings.metrics_port, before=server)
-    log.info('metrics without a key on http://%s:%s/metrics', settings.metrics_host, settings.metrics_port)
-    return listener
-
-
-def serve_replica(app, server, metrics_server, settings):
-    """Serve a read replica (listening already, and on --metrics-port if set) until SIGTERM: reads, and streams
-    fed from the replica; no sweep, webhook, fan-out, payout or heartbeat (the primary does all of that)."""
-    import gevent
-    jobs = gevent.spawn(replicated_jobs_forever, app.service)
-    watch = gevent.spawn(watch_replica_forever, app.service)
-    writes = f'writes sent to {settings.primary_url}' if settings.primary_url else 'writes refused: no --primary-url'
-    log.info('marketplace %s serving on http://%s:%s as a read replica of %s (%s)',
-             __version__, settings.host, server.server_port, app.service.db.path, writes)
-    server.serve_forever(stop_timeout=settings.shutdown_timeout)
-    if metrics_server is not None:
-        metrics_server.stop(timeout=1)
-    jobs.kill()
-    watch.kill()
-    app.service.close()
-    log.info('stopped')
-
-
-###############################################################################
-# Command line ################################################################
-###############################################################################
-
-def setting_secrets(settings):
-    """What logs must never show of the settings: keys, webhook secrets, the paths and queries of the RPC and
-    facilitator URLs (a provider's key is often there), the replica URL's user info and the AWS secret variables."""
-    keys = [settings.escrow_key, settings.escrow_key.removeprefix('0x'), settings.admin_key,
-            settings.stripe_secret_key, settings.stripe_webhook_secret, settings.stripe_connect_webhook_secret,
-            settings.api_key]
-    return ([key for key in keys if key] + url_secrets(settings.rpc_url) + url_secrets(settings.facilitator_url)
-            + replication.secrets(settings.replica_url))
-
-
-def hide_secrets_in_logs(settings):
-    """Blank the settings' secrets in every record that reaches the log handlers, whoever logged it (us, web3,
-    requests, urllib3, gevent's error log), and send Python warnings (urllib3's) through them too."""
-    secret_filter = SecretFilter(setting_secrets(settings))
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(secret_filter)
-    logging.captureWarnings(True)
-
-
-def restore_database(settings, timestamp=None):
-    """Restore the replica to a new --db path, then print the integrity and ledger verdicts; 0 if both pass."""
-    if not settings.replica_url:
-        print('restore: give --replica-url (file:///dir or s3://bucket/path)', file=sys.stderr)
-        return 2
-    try:
-        replication.restore(settings.db, settings.replica_url, settings.replica_endpoint, timestamp)
-    except (replication.ReplicationError, ValueError) as exc:
-        print(f'restore: {exc}', file=sys.stderr)
-        return 1
-    print(f'Restored {replication.public_url(settings.replica_url)} to {settings.db}'
-          + (f' as of {timestamp}' if timestamp else ' (latest)'))
-    db = Database(settings.db)
-    try:
-        integrity = [row[0] for row in db.conn.execute('PRAGMA integrity_check')]
-        problems = ledger_problems(db)
-    finally:
-        db.close()
-    print('integrity: ok' if integrity == ['ok'] else '\n'.join(['integrity: FAILED', *integrity]))
-    print('ledger: balanced' if not problems else '\n'.join(['ledger: FAILED', *problems]))
-    return 0 if integrity == ['ok'] and not problems else 1
-
-
-def main(faces, argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(prog='marketplace.py', description=__doc__.split('\n')[0])
-    commands = parser.add_subparsers(dest='command', required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    add_setting_flags(common)
-    commands.add_parser('serve', parents=[common], help='serve the API')
-    seeding = commands.add_parser('seed', parents=[common], help='load the demo fixtures into a new database')
-    seeding.add_argument('--fixtures', default=str(HERE / 'fixtures' / 'demo.json'))
-    backup = commands.add_parser('backup', parents=[common], help='online backup of the database to PATH')
-    backup.add_argument('path')
-    commands.add_parser('check-ledger', parents=[common], help='check that every job balances')
-    restoring = commands.add_parser('restore', parents=[common],
-                                    help="restore --db (a new path) from Litestream's --replica-url, then check it")
-    restoring.add_argument('--timestamp', help='the moment to restore, ISO 8601 (default: the latest)')
-    commands.add_parser('sweep', parents=[common], help='run the expire and auto-verify sweeps once (for cron)')
-    commands.add_parser('mcp', parents=[common],
-                        help='a Model Context Protocol server on stdio for agents, over the API at --url')
-    keys = commands.add_parser('keys', help='manage API keys').add_subparsers(dest='keys_command', required=True)
-    create = keys.add_parser('create', parents=[common], help='create an account and print its key')
-    create.add_argument('--name', required=True, type=read_name)      # as the API reads names
-    create.add_argument('--admin', action='store_true', help='give the account the admin role')
-    keys.add_parser('list', parents=[common], help='list keys (prefixes only)')
-    revoke = keys.add_parser('revoke', parents=[common], help='revoke a key by its id')
-    revoke.add_argument('key_id')
-    args = parser.parse_args(argv)
-
-    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(name)s %(levelname)s %(message)s')
-    try:
-        settings = load_settings({s.name: getattr(args, s.name, None) for s in SETTINGS})
-    except ValueError as exc:
-        parser.error(str(exc))
-    if settings.log_format == 'json':
-        for handler in logging.getLogger().handlers:
-            handler.setFormatter(JsonLogFormatter())
-    hide_secrets_in_logs(settings)
-    if settings.read_replica_of and settings.replica_url:
-        parser.error('--read-replica-of and --replica-url: a read replica has no database of its own to replicate')
-    if settings.read_replica_of and args.command != 'serve':
-        parser.error('--read-replica-of is for serve: a replica only reads; run this command on the primary')
-    if args.command == 'mcp':
-        faces.run_mcp(settings.url, settings.api_key, settings.mcp_timeout)
-        return 0
-    if args.command == 'serve' and settings.replica_url and not os.environ.get(replication.UNDER_LITESTREAM):
-        try:        # becomes litestream, which runs this same command as its child (marked UNDER_LITESTREAM)
-            replication.exec_replicated(settings.db, settings.replica_url, settings.replica_endpoint,
-                                        [sys.executable, str(HERE / 'marketplace.py'), *argv], settings.log_format)
-        except replication.ReplicationError as exc:
-            print(f'marketplace.py serve: {exc}', file=sys.stderr)
-            return 1
-    if args.command == 'serve' and settings.read_replica_of:
-        try:        # the extension reads its settings from the environment this process starts with
-            replication.exec_with_vfs_environment(settings.read_replica_of, settings.replica_endpoint,
-                                                  [sys.executable, str(HERE / 'marketplace.py'), *argv])
-        except replication.ReplicationError as exc:
-            print(f'marketplace.py serve: {exc}', file=sys.stderr)
-            return 1
-    if args.command == 'serve':
-        try:
-            serve(settings, faces)
-        except ValueError as exc:
-            parser.error(str(exc))
-        except replication.ReplicationError as exc:
-            print(f'marketplace.py serve: {exc}', file=sys.stderr)
-            return 1
-        return 0
-    if args.command == 'sweep':
-        try:
-            svc = Service(settings, faces)
-        except ValueError as exc:
-            parser.error(str(exc))
-        print(json.dumps(run_sweeps(svc.db, svc.settings), indent=2))
-        svc.close()
-        return 0
-    if args.command == 'restore':
-        return restore_database(settings, args.timestamp)
-    if args.command == 'seed':
-        try:
-            seed(settings, args.fixtures, faces)
-        except RuntimeError as exc:
-            print(f'seed: {exc}', file=sys.stderr)
-            return 1
-        return 0
-    db = Database(settings.db, replicated=bool(settings.replica_url))
-    db.migrate()
-    if args.command == 'backup':
-        db.backup(args.path)
-        print(f'Backed up {settings.db} to {args.path}')
-    elif args.command == 'check-ledger':
-        problems = ledger_problems(db)
-        print('\n'.join(problems) if problems else 'The ledger balances.')
-        return 1 if problems else 0
-    elif args.keys_command == 'create':
-        account, key = create_account(db, args.name, 'admin' if args.admin else 'member')
-        print(f'account {account["id"]} ({account["role"]}) {account["name"]}\n{key}')
-    elif args.keys_command == 'list':
-        for row in db.rows('''SELECT k.id, k.prefix, k.created_at, k.revoked_at, a.name, a.role
-                              FROM api_keys k JOIN accounts a ON a.id = k.account_id ORDER BY k.created_at'''):
-            state = f'revoked {row["revoked_at"]}' if row['revoked_at'] else 'live'
-            print(f'{row["id"]}  {row["prefix"]:<12} {row["role"]:<6} {row["name"]:<24} {state}')
-    elif args.keys_command == 'revoke':
-        changed = revoke_key(db, args.key_id)
-        print('revoked' if changed else 'no live key has that id')
-        return 0 if changed else 1
-    db.close()
-    return 0
 
 
 if __name__ == '__main__':

@@ -235,18 +235,27 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
                                                         'rail base: the USDC transfer that funds the job.')] = None,
             escrow_signature: Annotated[str | None, Field(pattern='^0x[0-9a-fA-F]{130}$', description='With '
                                                           "escrow_tx_hash: the sender's EIP-712 signature of "
-                                                          'fundingTypedData.')] = None) -> dict[str, Any]:
+                                                          'fundingTypedData.')] = None,
+            escrow_deposit_id: Annotated[str | None, Field(pattern='^0x[0-9a-fA-F]{64}$', description='Contract '
+                                                           'mode, rail base: the JobEscrow deposit that funds the '
+                                                           'job (escrowRequirements).')] = None,
+            escrow_authorization: Annotated[dict[str, Any] | None, Field(description='Contract mode, rail base: '
+                                                                         '{payer, refundAfter, salt, validAfter, '
+                                                                         'validBefore, signature}, the payer\'s '
+                                                                         'signed deposit, made by the service.')]
+            = None) -> dict[str, Any]:
         """Post a job as the requester. COSTS MONEY: its whole payment_amount is locked in escrow at once (paid to
         the worker whose delivery you approve, refunded if you reject it or nobody delivers by the deadline). In
-        onchain mode a job on rail base needs escrow_tx_hash and escrow_signature, else the error says what to pay
-        and sign. Returns {job} with its id, status "open" and escrowStatus "locked"."""
+        onchain mode a job on rail base needs escrow_tx_hash and escrow_signature (in contract mode a deposit:
+        escrow_deposit_id or escrow_authorization), else the error says what to pay and sign. Returns {job} with its id, status "open" and escrowStatus "locked"."""
         body = without_none({
             'title': title, 'description': description, 'category': category, 'paymentAmount': payment_amount,
             'deadline': deadline, 'paymentCurrency': payment_currency, 'paymentRail': payment_rail,
             'requirements': requirements, 'acceptanceCriteria': acceptance_criteria, 'maxWorkers': max_workers,
             'competitionMode': competition_mode, 'verificationWindowHours': verification_window_hours,
             'claimTimeoutHours': claim_timeout_hours, 'minReputation': decimal_text(min_reputation),
-            'escrowTxHash': escrow_tx_hash, 'escrowSignature': escrow_signature})
+            'escrowTxHash': escrow_tx_hash, 'escrowSignature': escrow_signature,
+            'escrowDepositId': escrow_deposit_id, 'escrowAuthorization': escrow_authorization})
         return call_api('post_job', '/api/jobs', body=body)
 
     @api_tool(WRITE)
@@ -277,13 +286,18 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
     def verify_delivery(job_id: JobId, claim_id: ClaimId,
                         approved: Annotated[bool, Field(description='true releases the escrow to the worker; false '
                                                         'refunds it to you.')],
-                        reason: Annotated[str | None, Field(max_length=5000)] = None) -> dict[str, Any]:
+                        reason: Annotated[str | None, Field(max_length=5000)] = None,
+                        release_signature: Annotated[str | None, Field(
+                            pattern='^0x[0-9a-fA-F]{130}$', description="Contract mode: the payer's signature of the "
+                            "claim's releaseTypedData (get_job shows it): paid at once; without it, after the "
+                            "contract's delay.")] = None) -> dict[str, Any]:
         """As the job's requester, approve or reject a delivered claim. MOVES MONEY, final: approving releases the
         escrow to the worker and completes the job; rejecting refunds it to you and (one worker) ends the job
         rejected. Dispute instead (open_dispute) to let arbitrators decide. Returns {job, claim, escrowStatus,
         payments}."""
         return call_api('verify_delivery', f'/api/jobs/{job_id}/verify',
-                        body=without_none({'claimId': str(claim_id), 'approved': approved, 'reason': reason}))
+                        body=without_none({'claimId': str(claim_id), 'approved': approved, 'reason': reason,
+                                           'releaseSignature': release_signature}))
 
     @api_tool(WRITE)
     def open_dispute(job_id: JobId, claim_id: ClaimId,

@@ -33,6 +33,7 @@ class State:
     database_bytes: int = 0             # the database file and its WAL
     replica_lag: float = None           # a read replica only: seconds behind its primary (None before a heartbeat)
     replica_reopenings: int = None      # a read replica only: views reopened (lagged, caught up, failed)
+    escrow_proposals: dict = None       # contract mode only: {'waiting': to propose, 'proposed': waiting to run}
 
 
 class StateCollector:
@@ -78,6 +79,14 @@ class StateCollector:
                                       'A read replica: times its view of the replica was reopened (it lagged more '
                                       'than --max-replica-lag, caught up after lagging, or failed a read).',
                                       value=state.replica_reopenings)
+        if state.escrow_proposals is not None:
+            proposals = GaugeMetricFamily('marketplace_escrow_proposals_pending',
+                                          'Contract mode: jobs whose payouts without a signature wait to be proposed '
+                                          '(waiting) or proposed and waiting out the delay (proposed).',
+                                          labels=['state'])
+            for state_name, count in sorted(state.escrow_proposals.items()):
+                proposals.add_metric([state_name], count)
+            yield proposals
 
 
 class Metrics:

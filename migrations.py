@@ -67,6 +67,17 @@ MIGRATIONS = {
                         AND id IN (SELECT account_id FROM api_keys WHERE from_env = 1 AND revoked_at IS NOT NULL)
                         AND id NOT IN (SELECT account_id FROM api_keys WHERE from_env = 1 AND revoked_at IS NULL);''',
     },
+    10: {       # the JobEscrow contract (CONTRACT 21): a job's deposit, payments `reclaim` (the CHECK widened in
+                # place) and `scheduled` (their proposal and when it may run), escrow calls among the signed
+                # transactions; schema.sql adds escrow_calls with its triggers and the unique index of deposits
+        'before': lambda db: (
+            widen_checks(db, 'payments', ("'refund', 'fee')", "'refund', 'fee', 'reclaim')")),
+            widen_checks(db, 'signed_transactions', ("('payments', 'x402_payments')",
+                                                     "('payments', 'x402_payments', 'escrow_calls')")),
+            add_missing_column(db, 'jobs', 'escrow_deposit_id', 'TEXT'),
+            add_missing_column(db, 'payments', 'call_id', 'TEXT'),
+            add_missing_column(db, 'payments', 'executable_at', 'TEXT')),
+    },
 }
 
 
@@ -108,8 +119,11 @@ def widen_checks(db, table, *replacements):
     """Let a table's CHECKs take more values in an existing database: each (old, new) text is replaced in its
     schema, as SQLite documents for changes that every existing row still satisfies. A CHECK cannot be altered, and
     rebuilding a table that others reference (jobs, with its FTS and count triggers; arbitrators, with votes) would
-    mean rebuilding them too. A schema without the old text refuses to migrate."""
+    mean rebuilding them too. A schema without the old text refuses to migrate; a table not there yet is left to
+    schema.sql, which makes it whole."""
     sql = db.value("SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = :table", {'table': table})
+    if sql is None:
+        return
     for old, new in replacements:
         if old not in sql:
             raise RuntimeError(f'migration: the {table} table has no {old} to widen; its schema is not as expected')

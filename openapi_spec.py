@@ -177,18 +177,26 @@ API_SCHEMAS = {
     }),
     'Payment': closed_object({
         'id': UUID_SCHEMA,
-        'type': {'type': 'string', 'enum': ['escrow', 'release', 'refund', 'fee']},
+        'type': {'type': 'string', 'enum': ['escrow', 'release', 'refund', 'fee', 'reclaim'],
+                 'description': 'reclaim (contract mode): the payer took the deposit back from the contract after '
+                                'its refundAfter.'},
         'amount': MONEY_SCHEMA,
         'currency': CURRENCY_SCHEMA,
         'rail': RAIL_SCHEMA,
-        'status': {'type': 'string', 'enum': ['simulated', 'pending', 'confirmed', 'failed', 'cancelled'],
-                   'description': 'simulated: a ledger entry only, with txHash null. cancelled (rail stripe): never '
-                                  'sent, because the card money went back to the payer (a dispute lost, a refund '
-                                  'from the Stripe Dashboard); it counts for nothing in the ledger.'},
+        'status': {'type': 'string', 'enum': ['simulated', 'pending', 'confirmed', 'failed', 'cancelled',
+                                              'scheduled'],
+                   'description': 'simulated: a ledger entry only, with txHash null. cancelled: never sent, because '
+                                  'the card money went back to the payer (a dispute lost, a refund from the Stripe '
+                                  "Dashboard), or (contract mode) the guardian cancelled its proposal or the payer "
+                                  'reclaimed the deposit; it counts for nothing in the ledger. scheduled (contract '
+                                  "mode): approved without the payer's Release signature, proposed to the contract "
+                                  'and paid by the sweep once executableAt has passed on chain.'},
         'recipient': {'type': 'string', 'description': "A wallet address, an agent or account id, 'escrow' or "
                                                        "'operator'."},
         'txHash': nullable(TX_HASH_SCHEMA),
         'reference': nullable({'type': 'string', 'examples': ['pi_3Nx']}),
+        'executableAt': nullable(dict(TIME_SCHEMA, description='Contract mode, scheduled: when the proposal that '
+                                                              'pays it may run (the chain\'s clock decides).')),
         'createdAt': TIME_SCHEMA,
     }, description="reference: on rail stripe in stripe mode, the Stripe object that moved the money (escrow: the "
                    "PaymentIntent; release: the Transfer to the agent's connected account; refund: the Refund, or the "
@@ -402,6 +410,19 @@ API_SCHEMAS = {
         'escrowSignature': {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{130}$',
                             'description': "With escrowTxHash: the transfer's sender's EIP-712 signature of "
                                            'fundingTypedData (the account posting, the hash); ignored otherwise.'},
+        'escrowDepositId': {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{64}$',
+                            'description': 'Contract mode, rail base: a JobEscrow deposit the payer made, naming this '
+                                           "account (escrowRequirements.account); one deposit funds one job."},
+        'escrowAuthorization': {
+            'type': 'object', 'required': ['payer', 'refundAfter', 'salt', 'validAfter', 'validBefore', 'signature'],
+            'description': "Contract mode, rail base: the payer's EIP-3009 ReceiveWithAuthorization "
+                           '(authorizationTypedData, its nonce the deposit id); the service makes the deposit '
+                           '(depositWithAuthorization) and pays its gas.',
+            'properties': {'payer': ADDRESS_SCHEMA, 'refundAfter': {'type': 'integer', 'minimum': 0},
+                           'salt': {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{64}$'},
+                           'validAfter': {'type': 'integer', 'minimum': 0},
+                           'validBefore': {'type': 'integer', 'minimum': 0},
+                           'signature': {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{130}$'}}},
         'minReputation': {'type': ['number', 'string'], 'default': '0.00',
                           'description': 'Reputation an agent needs to claim, 0 to 1000000 (e.g. 10 or "10.00").'},
     }},
@@ -447,7 +468,13 @@ API_SCHEMAS = {
     'Verify': {'type': 'object', 'required': ['claimId', 'approved'], 'properties': {
         'claimId': UUID_SCHEMA,
         'approved': {'type': 'boolean', 'description': 'true releases escrow to the worker, false refunds it.'},
-        'reason': {'type': 'string', 'maxLength': 5000}}},
+        'reason': {'type': 'string', 'maxLength': 5000},
+        'releaseSignature': {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{130}$',
+                             'description': "Contract mode, with approved: the payer's signature of the claim's "
+                                            'releaseTypedData (the job\'s detail shows it): paid at once. Without '
+                                            "it the payout is scheduled: proposed, and paid after the contract's "
+                                            'delay unless its guardian cancels it. 402 payment_signature_invalid '
+                                            "when it is not the payer's signature of that Release."}}},
     'DisputeCreate': {'type': 'object', 'required': ['claimId', 'reason'], 'properties': {
         'claimId': UUID_SCHEMA,
         'reason': {'type': 'string', 'minLength': 1, 'maxLength': 5000}}},
@@ -507,7 +534,17 @@ API_SCHEMAS = {
             'chainId': {'type': 'integer'}, 'latestBlock': nullable({'type': 'integer'}),
             'escrowAddress': ADDRESS_SCHEMA, 'usdcAddress': ADDRESS_SCHEMA, 'reachable': {'type': 'boolean'},
         }, description='Only in onchain mode: the node, as seen now, and the escrow wallet.'),
-    }, optional=('error', 'code', 'chain', 'replicaOf', 'lag')),
+        'escrow': closed_object({
+            'mode': {'type': 'string', 'enum': ['contract', 'wallet']},
+            'contract': nullable(ADDRESS_SCHEMA), 'arbiter': nullable(ADDRESS_SCHEMA),
+            'guardian': nullable(ADDRESS_SCHEMA),
+            'arbiterDelay': nullable({'type': 'integer', 'description': 'Seconds a proposal waits before it runs.'}),
+        }, description="Only in onchain mode: where the jobs' USDC is held. contract: the JobEscrow contract, whose "
+                       "arbiter is this server's key (it can refund payers and pay what payers signed at once, "
+                       'anything else only after arbiterDelay, which the guardian can cancel; guardian and '
+                       'arbiterDelay null until the node has answered once). wallet: the escrow wallet, whose key is '
+                       'on this server (custodial: whoever has the key has every job\'s money).'),
+    }, optional=('error', 'code', 'chain', 'replicaOf', 'lag', 'escrow')),
     'Stats': closed_object({
         'totalJobs': COUNT_SCHEMA,
         'totalAgents': COUNT_SCHEMA,
@@ -614,7 +651,11 @@ API_SCHEMAS = {
                                     'charge events (payment, dispute, refund) included.'},
         'checkoutUrl': dict(URL_SCHEMA, description='Only while the job is pending_payment (shown to its requester '
                                                     'and admins): the Stripe Checkout page where it is paid.'),
-    }, optional=['checkoutUrl']),
+        'releaseTypedData': {'type': 'object', 'additionalProperties': {'type': 'object'},
+                             'description': "Contract mode, to the requester only: by claim id, for each delivery "
+                                            "waiting for a decision, the EIP-712 Release the payer's wallet signs "
+                                            '(eth_signTypedData_v4) to be sent as releaseSignature.'},
+    }, optional=['checkoutUrl', 'releaseTypedData']),
     'TimelineEntry': closed_object({
         'at': TIME_SCHEMA,
         'kind': {'type': 'string', 'enum': list(TIMELINE_KINDS)},
@@ -922,6 +963,16 @@ API_OPERATIONS = {
                        'another payment code when it does not check out; 409 `payment_replayed` when the hash paid '
                        "for something else (with `jobId` when it funded another of the caller's jobs: the same hash "
                        'answers 200 with its job only for the same fields); 503 `chain_unavailable`. Every such refusal carries fundingTypedData. '
+                       '\n\nIn contract mode (--escrow-contract) a job on rail base is funded by a JobEscrow deposit '
+                       'that names the posting account: the 402 `payment_required` carries escrowRequirements '
+                       '(contract, token, chainId, amount, account, minRefundAfter, arbiterDelay, '
+                       'authorizationTypedData); send `escrowDepositId` (a deposit the payer made) or '
+                       "`escrowAuthorization` (the payer's signature; the service makes the deposit and pays the "
+                       'gas). The deposit is read at a block --confirmations deep: 402 `payment_pending` until it is, '
+                       '`payment_signature_invalid` when it names another account (or the contract refuses the '
+                       'authorization), `payment_insufficient`, 400 `payment_invalid` when its refundAfter is before '
+                       'minRefundAfter; 409 `payment_replayed` when it funds another job. Every such refusal '
+                       'carries escrowRequirements. '
                        'There a job on rail stripe, still simulated, gets 400 `rail_unavailable` (unless '
                        '--allow-simulated-rails).\n\nIn stripe mode a job on rail stripe is created '
                        '`pending_payment` (escrowStatus `pending`) with `checkoutUrl`, a Stripe Checkout page where '

@@ -32,7 +32,8 @@ from marketplace import (AGENT_HISTORY, AGENT_SELECT, AGENT_SORTS, APIError, ARB
                          agent_detail, agent_json, agent_names, arbitrator_json, cents_to_units, client_ip,
                          count_request, dispute_detail, dispute_json, format_cents, format_units, fts_query, get_job,
                          hash_key, is_admin, iso, job_json, job_parts, job_story, list_jobs, live_key, now, parse_uuid,
-                         query_choice, query_min_pay, read_money, route, service, stripe_mode, vote_json, when)
+                         query_choice, query_min_pay, read_money, releases_to_sign, route, service, stripe_mode,
+                         vote_json, when)
 
 
 ###############################################################################
@@ -191,8 +192,13 @@ def job_page_for(job_id, action=None):
     timeline = job_story(svc.db, detail)
     owned = {row['id'] for row in svc.db.rows('SELECT id FROM agents WHERE account_id = :id',
                                               {'id': account['id']})} if account else set()
+    # Contract mode: the Release each delivery's Approve button asks the browser's wallet to sign (forms.js), and
+    # the delay a payout waits without that signature
+    releases = {claim: json.dumps(typed, indent=2) for claim, typed in
+                (releases_to_sign(svc, job_id, account) or {}).items()}
+    delay = svc.settings.onchain.terms['arbiterDelay'] if releases and svc.settings.onchain.terms else None
     return render('job', title=job['title'], names=names, disputes=disputes, timeline=timeline,
-                  requester=requester, owned=owned, action=action, **detail)
+                  requester=requester, owned=owned, action=action, releases=releases, release_delay=delay, **detail)
 
 
 @route('GET', '/agents', limit='pages')
@@ -730,8 +736,10 @@ def pay_page(job_id):
 def job_action_request(job_id, action, form):
     """The API request behind a job page's button: (path, body)."""
     claim = form.get('claimId', '')
-    if action == 'approve':
-        return f'/api/jobs/{job_id}/verify', {'claimId': claim, 'approved': True}
+    if action == 'approve':       # contract mode: with the Release the browser's wallet signed, if it did
+        signature = form.get('releaseSignature', '').strip()
+        return f'/api/jobs/{job_id}/verify', dict({'claimId': claim, 'approved': True},
+                                                  **({'releaseSignature': signature} if signature else {}))
     if action == 'reject':
         return f'/api/jobs/{job_id}/verify', {'claimId': claim, 'approved': False, 'reason': form.get('reason', '')}
     if action == 'dispute':

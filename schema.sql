@@ -92,9 +92,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     checkout_expires_at       TEXT,                         -- stripe rail: when that session expires
     payment_intent            TEXT,                         -- stripe rail: the PaymentIntent that paid it (refunds)
     stripe_charge             TEXT,                         -- stripe rail: its Charge (transfers' source_transaction)
-    escrow_unheld             TEXT                          -- stripe rail: while escrow is held (a chargeback, a refund
+    escrow_unheld             TEXT,                         -- stripe rail: while escrow is held (a chargeback, a refund
                                                             -- from outside), the status it takes when the hold lifts
+    escrow_deposit_id         TEXT                          -- contract mode: the JobEscrow deposit that funds it (one job)
 );
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_deposit ON jobs(escrow_deposit_id) WHERE escrow_deposit_id IS NOT NULL;
 -- Lists filter by status and category and sort by seq (newest, oldest), pay or deadline: each index below
 -- serves one filter with its sorts in index order (an index ends in seq, the rowid), so a page of 50 stops
 -- after 50 entries instead of sorting every open job (make bench).
@@ -169,19 +171,23 @@ CREATE TABLE IF NOT EXISTS payments (
     id          TEXT NOT NULL UNIQUE,
     job_id      TEXT NOT NULL REFERENCES jobs(id),
     claim_id    TEXT REFERENCES claims(id),
-    type        TEXT NOT NULL CHECK (type IN ('escrow', 'release', 'refund', 'fee')),
+    type        TEXT NOT NULL CHECK (type IN ('escrow', 'release', 'refund', 'fee', 'reclaim')),
     amount      INTEGER NOT NULL CHECK (amount >= 0),
     currency    TEXT NOT NULL,
     rail        TEXT NOT NULL,
     status      TEXT NOT NULL,                  -- simulated | pending | confirmed | failed | cancelled (never sent:
                                                 -- its card money went back; two more entries reverse its two)
+                                                -- | scheduled (contract mode: proposed, paid by `execute` after
+                                                -- the contract's delay; cancelled if the guardian cancels it)
     recipient   TEXT,
     tx_hash     TEXT,
     raw_tx      TEXT,                           -- on chain: the signed transfer, stored before it is sent
     nonce       INTEGER,                        -- on chain: its nonce (one per payout, never reused)
     broadcast_at TEXT,                          -- on chain: when the node took raw_tx (NULL again once re-priced)
     created_at  TEXT NOT NULL,
-    reference   TEXT                            -- stripe rail: the Stripe object (pi_, tr_, re_) once it exists
+    reference   TEXT,                           -- stripe rail: the Stripe object (pi_, tr_, re_) once it exists
+    call_id     TEXT,                           -- contract mode, scheduled: the escrow_calls `propose` that pays it
+    executable_at TEXT                          -- contract mode, scheduled: when the proposal may be executed
 );
 CREATE INDEX IF NOT EXISTS payments_pending ON payments(status) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS payments_job ON payments(job_id, created_at);
@@ -319,7 +325,7 @@ CREATE INDEX IF NOT EXISTS stripe_events_job ON stripe_events(job_id) WHERE job_
 CREATE TABLE IF NOT EXISTS signed_transactions (
     seq         INTEGER PRIMARY KEY,            -- the order they were signed in
     tx_hash     TEXT NOT NULL UNIQUE,
-    source      TEXT NOT NULL CHECK (source IN ('payments', 'x402_payments')),
+    source      TEXT NOT NULL CHECK (source IN ('payments', 'x402_payments', 'escrow_calls')),
     payment_id  TEXT NOT NULL,
     nonce       INTEGER NOT NULL,
     raw_tx      TEXT NOT NULL
@@ -412,4 +418,38 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE INDEX IF NOT EXISTS sessions_seen ON sessions(seen_at);
 CREATE INDEX IF NOT EXISTS sessions_key ON sessions(key_id);
 
-PRAGMA user_version = 9;
+-- Contract mode (CONTRACT 21): the JobEscrow calls the server's key signs that are not one payment each: a payer's
+-- deposit relayed (depositWithAuthorization, the service pays the gas), a proposal of a deposit's scheduled
+-- payments, its execution. Signed with the next nonce in the transaction that decides them, stored, then sent,
+-- re-priced and confirmed as payouts are (signed_transactions keeps every hash).
+CREATE TABLE IF NOT EXISTS escrow_calls (
+    seq           INTEGER PRIMARY KEY,
+    id            TEXT NOT NULL UNIQUE,
+    function      TEXT NOT NULL CHECK (function IN ('depositWithAuthorization', 'propose', 'execute')),
+    deposit_id    TEXT NOT NULL,
+    job_id        TEXT REFERENCES jobs(id),        -- propose and execute: the job the deposit funds
+    account_id    TEXT REFERENCES accounts(id),    -- depositWithAuthorization: the account it was relayed for
+    proposal_id   TEXT,                            -- execute: the propose call it runs
+    status        TEXT NOT NULL CHECK (status IN ('pending', 'confirmed', 'failed')),
+    tx_hash       TEXT NOT NULL,
+    raw_tx        TEXT NOT NULL,
+    nonce         INTEGER NOT NULL,
+    broadcast_at  TEXT,
+    executable_at TEXT,                            -- propose: when it may be executed
+    created_at    TEXT NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS escrow_calls_relay ON escrow_calls(deposit_id)
+    WHERE function = 'depositWithAuthorization' AND status != 'failed';
+CREATE INDEX IF NOT EXISTS escrow_calls_pending ON escrow_calls(status) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS escrow_calls_deposit ON escrow_calls(deposit_id, function);
+CREATE INDEX IF NOT EXISTS payments_scheduled ON payments(status) WHERE status = 'scheduled';
+CREATE TRIGGER IF NOT EXISTS escrow_calls_signed AFTER INSERT ON escrow_calls BEGIN
+    INSERT OR IGNORE INTO signed_transactions (tx_hash, source, payment_id, nonce, raw_tx)
+        VALUES (NEW.tx_hash, 'escrow_calls', NEW.id, NEW.nonce, NEW.raw_tx);
+END;
+CREATE TRIGGER IF NOT EXISTS escrow_calls_resigned AFTER UPDATE OF raw_tx ON escrow_calls BEGIN
+    INSERT OR IGNORE INTO signed_transactions (tx_hash, source, payment_id, nonce, raw_tx)
+        VALUES (NEW.tx_hash, 'escrow_calls', NEW.id, NEW.nonce, NEW.raw_tx);
+END;
+
+PRAGMA user_version = 10;

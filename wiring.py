@@ -2,13 +2,15 @@
 
 The faces speak other vocabularies than the rules: the pages for people (pages.py), the OpenAPI document
 (openapi_spec.py), the HTTP layer (http_server.py), x402 (pay_per_call.py), webhook delivery
-(webhook_delivery.py), the feed and the agent cards (discovery.py), and MCP on stdio (mcp_server.py, an HTTP
-client of the API). Each imports the rules it uses; the rules never import a face. This module, imported by
+(webhook_delivery.py), the feed and the agent cards (discovery.py), MCP on stdio (mcp_server.py, an HTTP client
+of the API), and the operator's command line with the server around the app (command_line.py). Each imports the
+rules it uses; the rules never import a face. This module, imported by
 `python marketplace.py` and by the tests, is the one place that knows them all: importing the faces registers
 their API routes with the rules' `route` (all discovery.py has to hand over), and FACES hands the app what it
 calls of them (marketplace.Faces).
 """
 
+import command_line
 import discovery
 import http_server
 import marketplace
@@ -44,5 +46,5 @@ def make_app(settings):
 
 
 def main(argv=None):
-    """The command line (marketplace.main) with the faces."""
-    return marketplace.main(FACES, argv)
+    """The command line (command_line.main) with the faces."""
+    return command_line.main(FACES, argv)

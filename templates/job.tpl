@@ -89,8 +89,13 @@
 % end
 % if get('requester') and claim['status'] == 'delivered':
     <div class="actions">
-      <form class="form inline" method="post" action="/jobs/{{job['id']}}/approve">
+      <form class="form inline" method="post" action="/jobs/{{job['id']}}/approve"{{!' data-release="release-' + claim['id'] + '"' if claim['id'] in get('releases', {}) else ''}}>
         <input type="hidden" name="csrf" value="{{csrf()}}"><input type="hidden" name="idempotencyKey" value="{{form_key()}}"><input type="hidden" name="claimId" value="{{claim['id']}}">
+% if claim['id'] in get('releases', {}):
+        <input type="hidden" name="releaseSignature" value="">
+        <pre class="typed-data" id="release-{{claim['id']}}" hidden>{{releases[claim['id']]}}</pre>
+        <p class="note release-note">The job's USDC is in the escrow contract. With a browser wallet, it signs the release and the worker is paid at once; without one, the worker is paid {{('%g hour' % (release_delay / 3600) + ('' if release_delay == 3600 else 's') + ' after you approve') if release_delay else "after the contract's delay"}}, unless the operator's guardian cancels the payout.</p>
+% end
         <button type="submit" class="approve">Approve and pay</button>
       </form>
       <form class="form" method="post" action="/jobs/{{job['id']}}/reject">

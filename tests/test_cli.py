@@ -13,6 +13,7 @@ import pytest
 
 from conftest import ROOT, Client, job_body
 
+import command_line
 import marketplace as mp
 import migrations
 import wiring
@@ -298,7 +299,7 @@ def test_seeding_twice_in_process_raises(seeded):
     path, _ = seeded
     before = snapshot(path)
     with pytest.raises(RuntimeError, match='already holds accounts'):
-        mp.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', wiring.FACES, out=lambda line: None)
+        command_line.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', wiring.FACES, out=lambda line: None)
     assert snapshot(path) == before
 
 
@@ -477,6 +478,20 @@ def test_a_version_1_database_gains_the_x402_tables_and_keeps_its_rows(tmp_path)
     db.close()
 
 
+def undo_version_10(conn):
+    """Take a database's schema back from version 10 to 9 (migration 10 undone), in the caller's transaction."""
+    version = next(conn.execute('PRAGMA schema_version'))[0]
+    conn.execute("""DROP TABLE escrow_calls; DROP INDEX jobs_deposit; DROP INDEX payments_scheduled;
+        ALTER TABLE jobs DROP COLUMN escrow_deposit_id;
+        ALTER TABLE payments DROP COLUMN call_id; ALTER TABLE payments DROP COLUMN executable_at;
+        PRAGMA writable_schema = ON;
+        UPDATE sqlite_schema SET sql = replace(sql, ', ''reclaim''', '') WHERE type = 'table' AND name = 'payments';
+        UPDATE sqlite_schema SET sql = replace(sql, ', ''escrow_calls''', '')
+            WHERE type = 'table' AND name = 'signed_transactions';""")
+    conn.execute(f'PRAGMA schema_version = {version + 1}')
+    conn.execute('PRAGMA writable_schema = OFF')
+
+
 def undo_version_9(conn):
     """Take a database's schema back from version 9 to 8 (migration 9 undone), in the caller's transaction."""
     version = next(conn.execute('PRAGMA schema_version'))[0]
@@ -495,10 +510,11 @@ def undo_version_9(conn):
 def version_8_demo(path):
     """The demo fixtures in a database of schema version 8 (seeded now, then taken back to that shape): an open
     connection to it, in a transaction."""
-    mp.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', wiring.FACES, out=lambda line: None)
+    command_line.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', wiring.FACES, out=lambda line: None)
     conn = apsw.Connection(str(path))
     conn.execute('PRAGMA foreign_keys = ON')
     conn.execute('BEGIN')
+    undo_version_10(conn)
     undo_version_9(conn)
     conn.execute('PRAGMA user_version = 8')
     return conn
@@ -514,7 +530,7 @@ def test_a_version_8_database_takes_held_escrow_and_keeps_its_rows(tmp_path):
     conn.close()
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 10
     assert [tuple(row.values()) for row in db.rows('SELECT id, status, escrow_status FROM jobs ORDER BY id')] == jobs
     assert db.value('PRAGMA integrity_check') == 'ok' and db.value('PRAGMA foreign_key_check') is None
     assert mp.ledger_problems(db) == []
@@ -559,7 +575,7 @@ def test_a_version_4_database_takes_pending_jobs_and_keeps_its_rows(tmp_path):
     conn.close()
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 10
     assert [tuple(row.values()) for row in db.rows('SELECT id, status, escrow_status FROM jobs ORDER BY id')] == jobs
     assert db.value('PRAGMA integrity_check') == 'ok' and db.value('PRAGMA foreign_key_check') is None
     job = jobs[0][0]
@@ -615,7 +631,7 @@ def test_a_version_3_database_keeps_its_arbitrators_and_votes_and_agent_arbitrat
     assert votes and any(agent for _, agent, _ in before) and any(not agent for _, agent, _ in before)
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 10
     after = [tuple(row.values()) for row in db.rows('SELECT id, agent_id IS NOT NULL, status, trusted FROM arbitrators ORDER BY id')]
     assert after == [(id_, agent, 'pending' if agent and status == 'active' else status, 0)
                      for id_, agent, status in before]
@@ -663,7 +679,7 @@ def test_a_version_2_database_gains_job_counts_of_its_jobs_and_the_list_indexes(
     assert len(counted) >= 5 and {status for _, status, _ in counted} >= {'open', 'completed', 'rejected'}
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 10
     assert [tuple(row.values()) for row in db.rows('SELECT category, status, jobs FROM job_counts ORDER BY 1, 2')] \
         == counted
     indexes = {row['name'] for row in db.rows("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'jobs'")}
@@ -678,7 +694,7 @@ def test_a_new_database_gets_the_schema_without_migrations(tmp_path):
     not_sql = {'before': 'THIS IS NOT SQL'}
     db.migrate(mp.SCHEMA_SQL, {2: not_sql, 3: not_sql, 4: not_sql, 5: not_sql, 6: not_sql,
                                9: not_sql})     # a new database runs no migration
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 10
     db.close()
 
 
@@ -688,16 +704,51 @@ def test_migration_9_gives_x402_payments_their_call_digest(tmp_path):
     db = mp.Database(tmp_path / 'v8.db')
     db.migrate()
     with db.transaction():
+        undo_version_10(db.conn)
         undo_version_9(db.conn)
         db.conn.execute('PRAGMA user_version = 8')
         db.insert('x402_payments', {'id': 'p1', 'form': 'proof', 'endpoint': 'GET /api/jobs/match', 'chain_id': 8453,
                                     'asset': 'USDC', 'payer': '0xpayer', 'amount': 10_000, 'tx_hash': '0xtx',
                                     'status': 'confirmed', 'created_at': mp.now_iso()})
     db.migrate()
-    assert db.value('PRAGMA user_version') == 9
+    assert db.value('PRAGMA user_version') == 10
     assert db.row('SELECT id, call_digest, granted_at FROM x402_payments') == \
         {'id': 'p1', 'call_digest': None, 'granted_at': None}
     assert db.value("SELECT count(*) FROM sqlite_schema WHERE name = 'x402_payments_tx'") == 1
+    db.close()
+
+
+def test_migration_10_takes_reclaims_escrow_calls_and_deposits_and_keeps_its_rows(tmp_path):
+    """A version 9 database (the demo) migrates: its jobs and payments keep their rows with no deposit and nothing
+    scheduled, a payment may now be a `reclaim` (the CHECK still refuses others), an escrow call is kept among the
+    signed transactions, and a deposit funds one job."""
+    path = tmp_path / 'v9.db'
+    command_line.seed(mp.Settings(db=str(path)), ROOT / 'fixtures' / 'demo.json', wiring.FACES, out=lambda line: None)
+    db = mp.Database(path)
+    with db.transaction():
+        undo_version_10(db.conn)
+        db.conn.execute('PRAGMA user_version = 9')
+    payments = db.rows('SELECT id, type, amount FROM payments ORDER BY seq')
+    db.migrate()
+    assert db.value("PRAGMA user_version") == 10 and len(payments) == 13
+    assert db.rows('SELECT id, type, amount FROM payments ORDER BY seq') == payments
+    assert db.value('SELECT count(*) FROM payments WHERE call_id IS NOT NULL OR executable_at IS NOT NULL') == 0
+    assert db.value('SELECT count(*) FROM jobs WHERE escrow_deposit_id IS NOT NULL') == 0
+    job, other = db.rows('SELECT id FROM jobs LIMIT 2')
+    with db.transaction():
+        mp.record_payment(db, db.row('SELECT * FROM jobs WHERE id = :id', job), 'reclaim', 0, debit='escrow:x',
+                          credit='funding:y', recipient='0xpayer')
+        db.insert('escrow_calls', {'id': 'c1', 'function': 'propose', 'deposit_id': '0x01', 'job_id': job['id'],
+                                   'status': 'pending', 'tx_hash': '0xaa', 'raw_tx': '0xbb', 'nonce': 7,
+                                   'created_at': mp.now_iso()})
+        db.execute("UPDATE jobs SET escrow_deposit_id = '0x01' WHERE id = :id", job)
+    assert db.row("SELECT source, payment_id, nonce FROM signed_transactions WHERE tx_hash = '0xaa'") == \
+        {'source': 'escrow_calls', 'payment_id': 'c1', 'nonce': 7}
+    with pytest.raises(apsw.ConstraintError):
+        db.execute("UPDATE jobs SET escrow_deposit_id = '0x01' WHERE id = :id", other)
+    with pytest.raises(apsw.ConstraintError):
+        db.execute("UPDATE payments SET type = 'gift' WHERE type = 'reclaim'")
+    assert db.value('PRAGMA integrity_check') == 'ok'
     db.close()
 
 
@@ -726,6 +777,7 @@ def test_a_version_5_database_keeps_the_hashes_of_its_signed_payouts(tmp_path):
     db.migrate()
     job = db.value('SELECT id FROM jobs LIMIT 1')
     with db.transaction():
+        undo_version_10(db.conn)
         db.conn.execute('''DROP TRIGGER payments_signed; DROP TRIGGER payments_resigned;
                            DROP TRIGGER x402_payments_signed; DROP TRIGGER x402_payments_resigned;
                            DROP TABLE signed_transactions; DROP TABLE webhook_events;
@@ -739,7 +791,7 @@ def test_a_version_5_database_keeps_the_hashes_of_its_signed_payouts(tmp_path):
     db.close()
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 10
     assert db.rows('SELECT tx_hash, source, payment_id, nonce, raw_tx FROM signed_transactions') == \
         [{'tx_hash': '0x' + 'ab' * 32, 'source': 'payments', 'payment_id': 'p1', 'nonce': 4, 'raw_tx': '0x02f8'}]
     db.close()
@@ -759,6 +811,7 @@ def test_a_version_8_database_ends_its_sessions_and_demotes_the_retired_env_admi
         db.execute("UPDATE api_keys SET from_env = 1, revoked_at = '2026-01-01T00:00:00.000Z' WHERE account_id = :id",
                    {'id': retired['id']})
         db.execute('UPDATE api_keys SET from_env = 1 WHERE account_id = :id', {'id': live['id']})
+        undo_version_10(db.conn)
         undo_version_9(db.conn)
         db.conn.execute('''DROP TABLE sessions;
             CREATE TABLE sessions (id_hash TEXT PRIMARY KEY, account_id TEXT NOT NULL REFERENCES accounts(id),
@@ -770,7 +823,7 @@ def test_a_version_8_database_ends_its_sessions_and_demotes_the_retired_env_admi
     db.close()
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 9
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 10
     assert db.value('SELECT count(*) FROM sessions') == 0
     assert 'key_id' in [row['name'] for row in db.rows("SELECT name FROM pragma_table_info('sessions')")]
     assert [(row['name'], row['role']) for row in db.rows('SELECT name, role FROM accounts ORDER BY name')] == \

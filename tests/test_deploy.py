@@ -22,6 +22,7 @@ import requests
 from conftest import ADMIN_KEY, ROOT, LiveServer, free_port, job_body
 from test_server import Output, bearer, stop
 
+import command_line
 import marketplace as mp
 
 TIMEOUT = 10    # seconds for any one HTTP call: only to avoid hanging, never asserted
@@ -368,7 +369,7 @@ def test_the_unit_runs_the_server_behind_the_proxy_with_files_for_every_connecti
     flags = {flag: command[i + 1] for i, flag in enumerate(command) if flag.startswith('--') and flag != '--trust-proxy'}
     assert flags['--host'] == '127.0.0.1' and flags['--port'] == '8080'
     assert flags['--max-connections-per-ip'] == flags['--max-connections']
-    assert int(options['LimitNOFILE'][0]) >= int(flags['--max-connections']) + mp.FILES_BESIDE_CONNECTIONS
+    assert int(options['LimitNOFILE'][0]) >= int(flags['--max-connections']) + command_line.FILES_BESIDE_CONNECTIONS
     assert options['User'] == ['marketplace'] and options['EnvironmentFile'] == ['/etc/marketplace/env']
     assert options['Restart'] == ['on-failure'] and options['KillSignal'] == ['SIGTERM']
     assert int(options['TimeoutStopSec'][0]) > mp.Settings().shutdown_timeout

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import command_line
 import marketplace as mp
 import http_server
 from conftest import LiveServer
@@ -340,7 +341,7 @@ def test_the_open_files_limit_is_raised_toward_the_hard_limit(monkeypatch, caplo
     monkeypatch.setattr(resource, 'getrlimit', lambda which: (1024, 2000))
     monkeypatch.setattr(resource, 'setrlimit', lambda which, limits: calls.append(limits))
     with caplog.at_level(logging.WARNING, logger='marketplace'):
-        mp.raise_open_files_limit(mp.Settings(max_connections=4096))
+        command_line.raise_open_files_limit(mp.Settings(max_connections=4096))
     assert calls == [(2000, 2000)]
     assert 'the hard limit on open files (2000) is below --max-connections (4096)' in caplog.text
 

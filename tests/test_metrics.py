@@ -183,6 +183,7 @@ def test_webhook_deliveries_payments_pending_and_the_database_size(client, app):
 def test_chain_reachability_is_what_the_last_check_found(client, app, monkeypatch):
     class Node:
         reachable = False
+        contract = None         # the escrow wallet's mode: no proposals to count
 
         def health(self):
             return {'reachable': self.reachable}

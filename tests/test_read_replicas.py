@@ -24,6 +24,7 @@ from conftest import ADMIN_KEY, ROOT, LiveServer, free_port, job_body
 from test_replication import AWS_ENV, s3  # noqa: F401  (s3: the moto server fixture, one for this module)
 from test_server import Output, bearer, stop
 
+import command_line
 import marketplace as mp
 import pages
 
@@ -477,9 +478,9 @@ def test_a_view_that_caught_up_or_failed_is_replaced_before_reads_are_served_aga
             seen.append('reopened')
     service = types.SimpleNamespace(db=View(), settings=types.SimpleNamespace(max_replica_lag=30.0),
                                     replica_reopenings=0, replica_resync_lag=None)
-    monkeypatch.setattr(mp, 'REPLICA_POLL_SECONDS', 0)
+    monkeypatch.setattr(command_line, "REPLICA_POLL_SECONDS", 0)
     with pytest.raises(Done):
-        mp.watch_replica_forever(service)
+        command_line.watch_replica_forever(service)
     assert seen == [(2, False), (40, False), 'reopened', (40, True), (1, True), 'reopened', (1, True),
                     ('failed', False), 'reopened', (1, True), 'reopened', (1, True)]
     assert (service.replica_reopenings, service.replica_resync_lag) == (4, None)

@@ -48,6 +48,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
+import command_line
 import marketplace as mp
 import wiring
 from conftest import ADMIN_KEY, Client, in_hours, make_account, make_agent, make_job
@@ -256,7 +257,7 @@ def fuzz_app(tmp_path_factory):
     """The app on a seeded temporary database, its webhook session stubbed, sockets limited to loopback;
     afterwards the ledger must still balance."""
     settings = fuzz_settings(tmp_path_factory.mktemp('schemathesis') / 'fuzz.db')
-    keys = mp.seed(settings, ROOT / 'fixtures' / 'demo.json', wiring.FACES, out=lambda line: None)
+    keys = command_line.seed(settings, ROOT / 'fixtures' / 'demo.json', wiring.FACES, out=lambda line: None)
     app = wiring.make_app(settings)
     app.service.webhooks = stub_session()
     client = Client(app)

@@ -4,6 +4,7 @@ from decimal import Decimal
 
 import pytest
 
+import command_line
 import marketplace as mp
 import wiring
 
@@ -28,7 +29,7 @@ def test_environment_then_flags_win():
 
 
 def test_boolean_flags_from_the_command_line(monkeypatch):
-    monkeypatch.setattr(mp, 'serve', lambda settings, faces: seen.append(settings))
+    monkeypatch.setattr(command_line, 'serve', lambda settings, faces: seen.append(settings))
     seen = []
     wiring.main(['serve', '--no-open-registration', '--trust-proxy', '--fee-percent', '1.25', '--db', 'x.db'])
     assert seen[0].open_registration is False and seen[0].trust_proxy is True
