@@ -1,14 +1,20 @@
-"""The marketplace as a Model Context Protocol server: tools and resources over the HTTP API, on stdio.
+"""The marketplace as a Model Context Protocol server: tools and resources over the HTTP API, on stdio or over
+Streamable HTTP.
 
-Run it as `python marketplace.py mcp [--url URL] [--api-key KEY]` (CONTRACT.md section 15). This is the only
-module that imports the `mcp` SDK. It is a client of the API, so it serves a local or a remote deployment alike,
-and it runs on asyncio with threads: it is never monkey-patched by gevent. Each tool is one API call; the API's
-JSON answer is the tool's structured result, an API error is a tool error keeping its `error` and `code`.
+Run it as `python marketplace.py mcp [--url URL] [--api-key KEY]` (CONTRACT.md section 15) for stdio. `serve`
+answers `<base-url>/mcp` itself (section 22) by starting this module once, on the first /mcp request, as a child
+process (`run_http`) on a loopback socket it hands over, and proxying to it: stateless, JSON answers, each request
+acting with the Bearer token it carries. This is the only module that imports the `mcp` SDK. It is a client of the
+API, so it serves a local or a remote deployment alike, and it runs on asyncio with threads: it is never
+monkey-patched by gevent. Each tool is one API call; the API's JSON answer is the tool's structured result, an API
+error is a tool error keeping its `error` and `code`.
 """
 
+import contextvars
 import hashlib
 import inspect
 import json
+import os
 import secrets
 from decimal import Decimal
 from typing import Annotated, Any, Literal
@@ -24,6 +30,12 @@ from typing_extensions import TypedDict
 
 DEFAULT_URL = 'http://127.0.0.1:8080'
 DEFAULT_TIMEOUT = 30.0
+# Over HTTP: the Bearer token of the request being served (an API key or an OAuth access token), which every API
+# call it makes carries instead of the server's own key.
+CALLER_TOKEN = contextvars.ContextVar('caller_token', default=None)
+# ... and the caller's address, which `serve` passed along and the API calls carry back signed with the secret
+# `serve` gave this process (MARKETPLACE_MCP_RELAY), so that they count against the caller's rate limits.
+CALLER_ADDRESS = contextvars.ContextVar('caller_address', default=None)
 
 # Each tool is one API operation: (method, path as in the OpenAPI document). tests/test_mcp.py checks every one
 # against GET /api/openapi.json.
@@ -40,6 +52,9 @@ TOOL_OPERATIONS = {
     'get_agent': ('GET', '/api/agents/{agent_id}'),
     'match_jobs': ('GET', '/api/jobs/match'),
     'service_health': ('GET', '/api/health'),
+    'register_agent': ('POST', '/api/agents'),
+    'my_claims': ('GET', '/api/claims'),
+    'get_dispute': ('GET', '/api/disputes/{dispute_id}'),
 }
 
 # The API's vocabularies (tests/test_mcp.py checks them against marketplace.py).
@@ -86,8 +101,11 @@ class MarketplaceAPI:
     def call(self, method, path, *, query=None, body=None, tool=None):
         """The API's JSON answer to one request; APIFailure when it answers an error or cannot be reached."""
         headers = {'Accept': 'application/json', 'User-Agent': 'marketplace-mcp'}
-        if self.api_key:
-            headers['Authorization'] = f'Bearer {self.api_key}'
+        token = CALLER_TOKEN.get() or self.api_key
+        if token:
+            headers['Authorization'] = f'Bearer {token}'
+        if CALLER_ADDRESS.get() and os.environ.get('MARKETPLACE_MCP_RELAY'):
+            headers['X-Marketplace-Relay'] = f'{os.environ["MARKETPLACE_MCP_RELAY"]} {CALLER_ADDRESS.get()}'
         if tool and method in ('POST', 'PATCH'):
             headers['Idempotency-Key'] = self.idempotency_key(tool, {'path': path, 'query': query, 'body': body})
         params = {name: value for name, value in (query or {}).items() if value is not None}
@@ -344,6 +362,40 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
         Returns {status, version, dbConnected, payments, rails}, payments being "simulated" or "onchain"."""
         return call_api('service_health', '/api/health')
 
+    @api_tool(WRITE)
+    def register_agent(
+            name: Annotated[str, Field(min_length=1, max_length=100)],
+            wallet_address: Annotated[str, Field(pattern='^0x[0-9a-fA-F]{40}$', description='Where its USDC '
+                                                 'payouts go (an EVM address; mixed case must be its EIP-55 form).')],
+            description: Annotated[str | None, Field(max_length=2000)] = None,
+            capabilities: Annotated[dict[str, Any] | None, Field(description='e.g. {"categories": ["code"], '
+                                                                 '"languages": ["python"]}: what match_jobs and '
+                                                                 'the job feed match on.')] = None,
+            pricing: Annotated[dict[str, Any] | None, Field(description='Free-form, e.g. {"hourly": "20.00"}.')]
+            = None,
+            webhook_url: Annotated[str | None, Field(max_length=2000, description='https URL that receives the '
+                                                     "agent's events, signed.")] = None) -> dict[str, Any]:
+        """Register an agent for your account, so that it can claim jobs (claim_job) and be paid at its wallet.
+        Free. Returns {agent} with its id (and its webhookSecret when a webhook_url was given: keep it to check the
+        signatures)."""
+        return call_api('register_agent', '/api/agents', body=without_none({
+            'name': name, 'walletAddress': wallet_address, 'description': description,
+            'capabilities': capabilities, 'pricing': pricing, 'webhookUrl': webhook_url}))
+
+    @api_tool(READ)
+    def my_claims(limit: Limit = 50, offset: Offset = 0) -> dict[str, Any]:
+        """Your claims (those of your agents), newest first, each with its job: what to deliver (status
+        "claimed"), what waits for the requester ("delivered"), what was paid ("approved"). Free, changes nothing.
+        Returns {claims: [claim with job...], total, limit, offset}."""
+        return call_api('my_claims', '/api/claims', query={'limit': limit, 'offset': offset})
+
+    @api_tool(READ)
+    def get_dispute(dispute_id: Annotated[UUID, Field(description="The dispute's id.")]) -> dict[str, Any]:
+        """One dispute with its job and the disputed claim: its reason, status, panel, votes received, and once
+        resolved its outcome ("worker": paid; "requester": refunded) and resolution. Free, changes nothing. Returns
+        {dispute, job, claim}."""
+        return call_api('get_dispute', f'/api/disputes/{dispute_id}')
+
     @server.resource('marketplace://jobs/{job_id}', name='job', mime_type='application/json',
                      description='A job as JSON, with its claims and payment records (GET /api/jobs/{job_id}).')
     def job_resource(job_id: str) -> str:
@@ -366,3 +418,41 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
 def run(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
     """Serve MCP on stdin and stdout until stdin closes."""
     make_server(url, api_key, timeout).run('stdio')
+
+
+def caller_token(app):
+    """ASGI middleware: the request's Bearer token in CALLER_TOKEN and the caller's address `serve` passed in
+    CALLER_ADDRESS while it is served (the tools' API calls, in their tasks and threads, see them: both copy the
+    context they start in)."""
+    async def with_token(scope, receive, send):
+        token = address = None
+        if scope['type'] == 'http':
+            headers = dict(scope['headers'])
+            scheme, _, value = headers.get(b'authorization', b'').decode('latin-1').partition(' ')
+            token = value.strip() if scheme.lower() == 'bearer' and value.strip() else None
+            address = headers.get(b'x-marketplace-relay', b'').decode('latin-1').strip() or None
+        tokens, addresses = CALLER_TOKEN.set(token), CALLER_ADDRESS.set(address)
+        try:
+            await app(scope, receive, send)
+        finally:
+            CALLER_TOKEN.reset(tokens)
+            CALLER_ADDRESS.reset(addresses)
+    return with_token
+
+
+def http_app(url=DEFAULT_URL, timeout=DEFAULT_TIMEOUT):
+    """The Streamable HTTP app at /mcp: stateless, JSON answers, each request acting with its Bearer token. Only
+    `serve` reaches it, over loopback, after it has checked the token; so the SDK's own checks of Host and Origin
+    (against DNS rebinding, for servers a browser could reach) are `serve`'s to make, not repeated here."""
+    from mcp.server.transport_security import TransportSecuritySettings
+    server = make_server(url, '', timeout)
+    app = server.streamable_http_app(
+        streamable_http_path='/mcp', stateless_http=True, json_response=True, max_request_body_size=1024 * 1024,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+    return caller_token(app)
+
+
+def run_http(url, fd, timeout=DEFAULT_TIMEOUT):
+    """Serve the Streamable HTTP app on an inherited listening socket (file descriptor `fd`) until killed."""
+    import uvicorn
+    uvicorn.run(http_app(url, timeout), fd=fd, log_level='warning', access_log=False, lifespan='on')

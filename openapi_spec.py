@@ -783,6 +783,11 @@ API_SCHEMAS = {
     'OpenAPIDocument': {'type': 'object', 'required': ['openapi', 'info', 'paths', 'components'], 'properties': {
         'openapi': {'const': '3.1.0'}}},
 }
+API_SCHEMAS['MyClaims'] = closed_object({
+    'claims': {'type': 'array', 'items': closed_object(dict(API_SCHEMAS['Claim']['properties'],
+                                                            job=schema_ref('Job'))),
+               'description': "Newest first; each claim with its job (the deliverable whole: they are the caller's)."},
+    'total': COUNT_SCHEMA, 'limit': {'type': 'integer', 'minimum': 1, 'maximum': 200}, 'offset': COUNT_SCHEMA})
 
 # Query and header parameters, as plain dicts; openapi_document adds `in`.
 LIMIT_PARAM = {'name': 'limit', 'schema': {'type': 'integer', 'minimum': 1, 'default': 50},
@@ -845,6 +850,24 @@ API_OPERATIONS = {
     ('GET', '/api/openapi.json'): {
         'summary': 'This OpenAPI 3.1 document', 'tags': ['System'],
         'ok': (200, 'OpenAPIDocument'), 'errors': (429,)},
+    ('POST', '/mcp'): {
+        'summary': 'MCP over Streamable HTTP (JSON-RPC): the tools and resources of `marketplace.py mcp`',
+        'tags': ['System'], 'auth': 'key', 'ok': (200, None), 'media': ['application/json'],
+        'errors': (401, 413, 429, 503),
+        'description': 'The Model Context Protocol server (README "Connect an agent"), stateless, answering JSON: '
+                       'send the MCP JSON-RPC messages of an MCP client, with Authorization: Bearer <an API key or '
+                       'an OAuth access token>; its tools act as that account. 401 without a live token, with '
+                       'WWW-Authenticate: Bearer resource_metadata=<the OAuth protected resource metadata>. A tool '
+                       'whose API call fails is a tool error (isError), never a result.'},
+    ('GET', '/mcp'): {
+        'summary': 'MCP over Streamable HTTP: no server-sent stream (stateless)', 'tags': ['System'], 'auth': 'key',
+        'ok': (200, None), 'media': ['text/event-stream'], 'errors': (401, 429, 503),
+        'description': 'A stateless server opens no stream of its own: the MCP SDK answers 405 with an Allow '
+                       'header; the route exists so that the token is checked first, as for POST.'},
+    ('DELETE', '/mcp'): {
+        'summary': 'MCP over Streamable HTTP: end a session (there are none: stateless)', 'tags': ['System'],
+        'auth': 'key', 'ok': (200, None), 'media': ['application/json'], 'errors': (401, 429, 503),
+        'description': 'A stateless server keeps no sessions: the MCP SDK answers 405.'},
     ('GET', '/metrics'): {
         'summary': 'Prometheus metrics (text format), for admin keys', 'tags': ['System'], 'auth': 'key',
         'ok': (200, None), 'media': ['text/plain'], 'errors': (401, 403, 429),
@@ -1098,6 +1121,9 @@ API_OPERATIONS = {
         'body': 'DisputeCreate', 'ok': (201, 'DisputeCreated'), 'errors': (400, 401, 403, 404, 409, 413, 429),
         'description': '409 `claim_not_delivered`, `already_disputed`, or `dispute_open` while another delivery of '
                        'a first-wins or best-wins job is under dispute.'},
+    ('GET', '/api/claims'): {
+        'summary': "The caller's claims (its agents'), newest first, each with its job", 'tags': ['Jobs'],
+        'auth': 'key', 'query': [LIMIT_PARAM, OFFSET_PARAM], 'ok': (200, 'MyClaims'), 'errors': (400, 401, 429)},
     ('GET', '/api/disputes'): {
         'summary': 'List disputes, newest first', 'tags': ['Disputes'],
         'query': [{'name': 'status', 'schema': {'type': 'string', 'enum': ['open', 'resolved']},

@@ -37,6 +37,9 @@ SECTION_15 = {
     'get_agent': {'agent_id'},
     'match_jobs': {'categories', 'languages', 'min_pay', 'limit'},
     'service_health': set(),
+    'register_agent': {'name', 'wallet_address', 'description', 'capabilities', 'pricing', 'webhook_url'},
+    'my_claims': {'limit', 'offset'},
+    'get_dispute': {'dispute_id'},
 }
 REQUIRED = {
     'list_jobs': [], 'search_jobs': [], 'get_job': ['job_id'], 'claim_job': ['job_id'],
@@ -44,6 +47,7 @@ REQUIRED = {
     'deliver_job': ['job_id', 'claim_id', 'url'], 'verify_delivery': ['job_id', 'claim_id', 'approved'],
     'open_dispute': ['job_id', 'claim_id', 'reason'], 'cast_vote': ['dispute_id', 'arbitrator_id', 'vote'],
     'get_agent': ['agent_id'], 'match_jobs': [], 'service_health': [],
+    'register_agent': ['name', 'wallet_address'], 'my_claims': [], 'get_dispute': ['dispute_id'],
 }
 CLOSED_URL = f'http://127.0.0.1:{free_port()}'     # nothing listens there
 

@@ -24,7 +24,8 @@ REAL_ROUTES = {(method, path): bucket for method, path, _, bucket in mp.ROUTES}
 NOT_DRIVEN = {('GET', '/api/jobs/stream'),
               ('POST', '/api/x402'),      # needs a chain: test_x402.py checks its answers against this document
               ('POST', '/api/stripe/webhook'),    # needs stripe mode: test_stripe_funding.py checks its answers
-              ('POST', '/api/agents/<agent_id>/stripe/onboarding')}   # stripe mode too: test_stripe_payouts.py
+              ('POST', '/api/agents/<agent_id>/stripe/onboarding'),   # stripe mode too: test_stripe_payouts.py
+              ('POST', '/mcp'), ('GET', '/mcp'), ('DELETE', '/mcp')}  # a child process: test_mcp_http.py
 
 
 def operations(document):
@@ -147,7 +148,8 @@ def test_every_operation_documents_its_errors(document):
         keyed = operation.get('security') == [{'bearerAuth': []}]
         assert keyed == ('401' in errors), where
         if keyed:
-            assert '403' in errors or path == '/api/agents', where     # any key may register an agent
+            # any key may register an agent, list its own claims, speak MCP (its tools answer refusals)
+            assert '403' in errors or path in ('/api/agents', '/api/claims', '/mcp'), where
         # 429 exactly on the rate-limited routes (every GET shares one bucket; /api/health has none).
         assert ('429' in errors) == (buckets[(method, path)] is not None), where
         extra_successes = [status for status in API_ALSO.get((method, path), ()) if status < 300]
@@ -311,6 +313,8 @@ def test_a_whole_marketplace_answers_as_documented(client, check, receiver):
     assert answer.json['autoApproved'] == 1
     answer = check(client.get(f'/api/agents/{agent["id"]}', key=worker_key), 'GET', '/api/agents/<agent_id>', 200)
     assert '-0.50' in [e['delta'] for e in answer.json['reputationHistory']]
+    answer = check(client.get('/api/claims', key=worker_key), 'GET', '/api/claims', 200)
+    assert answer.json['total'] == len(answer.json['claims']) > 0
 
     # Every route's success was validated (the stream aside).
     succeeded = {(method, route) for method, route, status in check.seen if status < 300}
