@@ -2555,9 +2555,24 @@ def live_key(db, key):
     return row.pop('key_id'), row
 
 
+ACCESS_TOKEN_PREFIX = 'mat_'    # an OAuth access token (oauth.py), taken by the API as a key is (CONTRACT 22)
+
+
 def account_for_key(db, key):
-    """The account of a live key, or None for an unknown or revoked key."""
-    return live_key(db, key)[1]
+    """The account of a live key, or of a live OAuth access token (unexpired, its grant not revoked, and the key
+    whose session approved the grant not revoked); None otherwise."""
+    if not key.startswith(ACCESS_TOKEN_PREFIX):
+        return live_key(db, key)[1]
+    digest = hash_key(key)
+    row = db.row('''SELECT a.id, a.name, a.role, a.x402_exempt, t.token_hash FROM oauth_tokens t
+                    JOIN oauth_grants g ON g.id = t.grant_id AND g.revoked_at IS NULL
+                    JOIN api_keys k ON k.id = g.key_id AND k.revoked_at IS NULL
+                    JOIN accounts a ON a.id = g.account_id
+                    WHERE t.token_hash = :digest AND t.kind = 'access' AND t.expires_at > :now''',
+                 {'digest': digest, 'now': now_iso()})
+    if row is None or not hmac.compare_digest(row.pop('token_hash'), digest):
+        return None
+    return row
 
 
 def caller():
@@ -2629,6 +2644,7 @@ RATE_LIMITS = {
     'votes': 30, 'arbitrators': 10, 'webhook_test': 10, 'sweeps': 60, 'pages': 600,
     'decisions': 30, 'account_admin': 30, 'stripe_events': 3600,
     'signin': 30,       # the pages' POST /signin and /signup: API keys are not guessed, accounts not made in bulk
+    'oauth': 120,       # POST /oauth/token: codes and refresh tokens exchanged (a host refreshes once an hour)
     'mcp': 600,         # /mcp requests (a tool's own API call counts again, in its class, for the same caller)
 }
 
@@ -2730,7 +2746,9 @@ IDEMPOTENCY_KEEP = timedelta(hours=24)
 # Routes that ignore the header, and why (tests/test_idempotency.py walks ROUTES for the others).
 UNKEYED_ROUTES = {('POST', '/api/stripe/webhook'): 'Stripe sends no Idempotency-Key: its events are applied once by '
                                                   'their event id already.',
-                  ('POST', '/mcp'): 'MCP hosts send none: each tool call carries its own Idempotency-Key to the API.'}
+                  ('POST', '/mcp'): 'MCP hosts send none: each tool call carries its own Idempotency-Key to the API.',
+                  ('POST', '/oauth/register'): 'OAuth clients send none: a registration made twice is two clients.',
+                  ('POST', '/oauth/token'): 'OAuth clients send none: a code is used once, a refresh token too.'}
 # What a replay gives back besides the status and the body; the rate-limit headers are the replay's own.
 REPLAYED_HEADERS = ('Content-Type', 'Location', 'X-PAYMENT-RESPONSE', 'PAYMENT-RESPONSE')
 # Answers not stored, besides 5xx: 429, and 402, for a call refused for its payment is sent again with a payment

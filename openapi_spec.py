@@ -783,6 +783,17 @@ API_SCHEMAS = {
     'OpenAPIDocument': {'type': 'object', 'required': ['openapi', 'info', 'paths', 'components'], 'properties': {
         'openapi': {'const': '3.1.0'}}},
 }
+OPEN_OBJECT = {'type': 'object', 'additionalProperties': True}
+API_SCHEMAS.update({
+    'OAuthResource': dict(OPEN_OBJECT, required=['resource', 'authorization_servers']),
+    'OAuthServer': dict(OPEN_OBJECT, required=['issuer', 'authorization_endpoint', 'token_endpoint',
+                                               'registration_endpoint', 'code_challenge_methods_supported']),
+    'OAuthClientMetadata': dict(OPEN_OBJECT, required=['redirect_uris'], properties={
+        'redirect_uris': {'type': 'array', 'items': {'type': 'string'}, 'minItems': 1, 'maxItems': 10},
+        'client_name': {'type': 'string', 'maxLength': 100}}),
+    'OAuthClient': dict(OPEN_OBJECT, required=['client_id', 'redirect_uris']),
+    'OAuthToken': dict(OPEN_OBJECT, required=['access_token', 'token_type', 'expires_in', 'refresh_token']),
+})
 API_SCHEMAS['MyClaims'] = closed_object({
     'claims': {'type': 'array', 'items': closed_object(dict(API_SCHEMAS['Claim']['properties'],
                                                             job=schema_ref('Job'))),
@@ -850,6 +861,32 @@ API_OPERATIONS = {
     ('GET', '/api/openapi.json'): {
         'summary': 'This OpenAPI 3.1 document', 'tags': ['System'],
         'ok': (200, 'OpenAPIDocument'), 'errors': (429,)},
+    ('GET', '/.well-known/oauth-protected-resource'): {
+        'summary': 'OAuth protected resource metadata (RFC 9728) of /mcp', 'tags': ['OAuth'],
+        'ok': (200, 'OAuthResource'), 'errors': (429,),
+        'description': 'Where an MCP host told 401 by /mcp learns which authorization server issues tokens for it.'},
+    ('GET', '/.well-known/oauth-protected-resource/mcp'): {
+        'summary': 'The same metadata at the path RFC 9728 derives from the resource /mcp', 'tags': ['OAuth'],
+        'ok': (200, 'OAuthResource'), 'errors': (429,)},
+    ('GET', '/.well-known/oauth-authorization-server'): {
+        'summary': 'OAuth authorization server metadata (RFC 8414)', 'tags': ['OAuth'],
+        'ok': (200, 'OAuthServer'), 'errors': (429,),
+        'description': 'Authorization code with PKCE (S256 only), refresh tokens rotated on use, public clients '
+                       'registered at /oauth/register. The approval page is GET /oauth/authorize (a page).'},
+    ('POST', '/oauth/register'): {
+        'summary': 'Dynamic client registration (RFC 7591) of an MCP host', 'tags': ['OAuth'],
+        'body': 'OAuthClientMetadata', 'ok': (201, 'OAuthClient'), 'errors': (400, 413, 429),
+        'description': 'Public clients only (token_endpoint_auth_method none, PKCE): redirect_uris, each https or '
+                       'http to a loopback address, matched exactly later; 400 invalid_redirect_uri or '
+                       'invalid_client_metadata (OAuth\'s error body: {error, error_description}).'},
+    ('POST', '/oauth/token'): {
+        'summary': 'A code or a refresh token for an access token (form-encoded, RFC 6749)', 'tags': ['OAuth'],
+        'ok': (200, 'OAuthToken'), 'errors': (400, 429),
+        'description': 'grant_type=authorization_code with code, redirect_uri, client_id and code_verifier (PKCE '
+                       'S256), or grant_type=refresh_token with refresh_token and client_id. An access token lives '
+                       'an hour, a refresh token 30 days and is replaced at each use; a code lives 60 s and is '
+                       'used once (used again, or a refresh token used twice, ends the whole grant). Errors are '
+                       "OAuth's: 400 {error: invalid_grant | invalid_request | invalid_client | ...}."},
     ('POST', '/mcp'): {
         'summary': 'MCP over Streamable HTTP (JSON-RPC): the tools and resources of `marketplace.py mcp`',
         'tags': ['System'], 'auth': 'key', 'ok': (200, None), 'media': ['application/json'],
@@ -1184,6 +1221,8 @@ API_OPERATIONS = {
 
 API_TAGS = [
     {'name': 'System', 'description': 'Health, totals and this document.'},
+    {'name': 'OAuth', 'description': 'The service as the authorization server of MCP hosts (README "Connect an '
+                                     'agent"): metadata, registration, tokens.'},
     {'name': 'Accounts', 'description': 'Accounts and their API keys.'},
     {'name': 'Agents', 'description': 'Agents that claim and deliver jobs.'},
     {'name': 'Jobs', 'description': 'Jobs, claims, deliveries and verdicts.'},

@@ -13,6 +13,7 @@ to hand over), and FACES hands the app what it calls of them (marketplace.Faces)
 import command_line
 import discovery
 import http_server
+import oauth
 import marketplace
 import openapi_spec
 import pages

@@ -25,7 +25,10 @@ NOT_DRIVEN = {('GET', '/api/jobs/stream'),
               ('POST', '/api/x402'),      # needs a chain: test_x402.py checks its answers against this document
               ('POST', '/api/stripe/webhook'),    # needs stripe mode: test_stripe_funding.py checks its answers
               ('POST', '/api/agents/<agent_id>/stripe/onboarding'),   # stripe mode too: test_stripe_payouts.py
-              ('POST', '/mcp'), ('GET', '/mcp'), ('DELETE', '/mcp')}  # a child process: test_mcp_http.py
+              ('POST', '/mcp'), ('GET', '/mcp'), ('DELETE', '/mcp'),  # a child process: test_mcp_http.py
+              ('GET', '/.well-known/oauth-protected-resource'), ('GET', '/.well-known/oauth-protected-resource/mcp'),
+              ('GET', '/.well-known/oauth-authorization-server'), ('POST', '/oauth/register'),
+              ('POST', '/oauth/token')}       # test_oauth.py: a host's whole flow
 
 
 def operations(document):
