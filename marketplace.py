@@ -2748,7 +2748,10 @@ UNKEYED_ROUTES = {('POST', '/api/stripe/webhook'): 'Stripe sends no Idempotency-
                                                   'their event id already.',
                   ('POST', '/mcp'): 'MCP hosts send none: each tool call carries its own Idempotency-Key to the API.',
                   ('POST', '/oauth/register'): 'OAuth clients send none: a registration made twice is two clients.',
-                  ('POST', '/oauth/token'): 'OAuth clients send none: a code is used once, a refresh token too.'}
+                  ('POST', '/oauth/token'): 'OAuth clients send none: a code is used once, a refresh token too.',
+                  ('POST', '/message\\:send'): 'A2A clients send none: a message is answered with its own task.',
+                  ('POST', '/message\\:stream'): 'A2A clients send none: a message is answered with its own task.',
+                  ('POST', '/tasks/<task_id>\\:cancel'): 'A2A clients send none: it changes nothing.'}
 # What a replay gives back besides the status and the body; the rate-limit headers are the replay's own.
 REPLAYED_HEADERS = ('Content-Type', 'Location', 'X-PAYMENT-RESPONSE', 'PAYMENT-RESPONSE')
 # Answers not stored, besides 5xx: 429, and 402, for a call refused for its payment is sent again with a payment
@@ -5073,8 +5076,9 @@ def route(method, path, limit=_READ):
 
 
 def openapi_path(path):
-    """A route path in OpenAPI form: /api/jobs/<job_id> becomes /api/jobs/{job_id}."""
-    return re.sub(r'<(\w+)>', r'{\1}', path)
+    """A route path in OpenAPI form: /api/jobs/<job_id> becomes /api/jobs/{job_id}, and bottle's escaped colon
+    (/message\\:send) a colon."""
+    return re.sub(r'<(\w+)>', r'{\1}', path).replace('\\:', ':')
 
 
 def service():

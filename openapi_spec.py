@@ -887,6 +887,26 @@ API_OPERATIONS = {
                        'an hour, a refresh token 30 days and is replaced at each use; a code lives 60 s and is '
                        'used once (used again, or a refresh token used twice, ends the whole grant). Errors are '
                        "OAuth's: 400 {error: invalid_grant | invalid_request | invalid_client | ...}."},
+    ('POST', '/message\\:send'): {
+        'summary': 'A2A (HTTP+JSON binding): run a skill, an MCP tool, as the caller; the finished task',
+        'tags': ['A2A'], 'auth': 'key', 'ok': (200, None), 'media': ['application/json'],
+        'errors': (400, 401, 413, 429),
+        'description': 'A2A 1.0 SendMessageRequest: a message whose data part is {"skill": <id>, "input": {...}} '
+                       '(the skills of /.well-known/agent-card.json, the MCP tools with the same input). Answers '
+                       '{task}: completed with the result as a data artifact, or failed with the error (a message '
+                       'without a known skill: failed, its message listing the skills). A '
+                       'configuration.taskPushNotificationConfig receives the finished task, as webhooks are sent. '
+                       "Errors in the binding's form (google.rpc.Status with an ErrorInfo reason)."},
+    ('POST', '/message\\:stream'): {
+        'summary': 'A2A: run a skill; the finished task as Server-Sent Events', 'tags': ['A2A'], 'auth': 'key',
+        'ok': (200, None), 'media': ['text/event-stream'], 'errors': (400, 401, 413, 429)},
+    ('GET', '/tasks/<task_id>'): {
+        'summary': 'A2A: a task the caller made, for 24 hours', 'tags': ['A2A'], 'auth': 'key',
+        'ok': (200, None), 'media': ['application/json'], 'errors': (400, 401, 404, 429)},
+    ('POST', '/tasks/<task_id>\\:cancel'): {
+        'summary': 'A2A: cancel a task (never: a task is finished when answered)', 'tags': ['A2A'], 'auth': 'key',
+        'ok': (200, None), 'media': ['application/json'], 'errors': (400, 401, 404, 429),
+        'description': "Answers A2A's TASK_NOT_CANCELABLE (400), or TASK_NOT_FOUND (404)."},
     ('POST', '/mcp'): {
         'summary': 'MCP over Streamable HTTP (JSON-RPC): the tools and resources of `marketplace.py mcp`',
         'tags': ['System'], 'auth': 'key', 'ok': (200, None), 'media': ['application/json'],
@@ -1221,6 +1241,7 @@ API_OPERATIONS = {
 
 API_TAGS = [
     {'name': 'System', 'description': 'Health, totals and this document.'},
+    {'name': 'A2A', 'description': "A2A 1.0's HTTP+JSON binding at the base URL: the skills are the MCP tools."},
     {'name': 'OAuth', 'description': 'The service as the authorization server of MCP hosts (README "Connect an '
                                      'agent"): metadata, registration, tokens.'},
     {'name': 'Accounts', 'description': 'Accounts and their API keys.'},

@@ -130,3 +130,26 @@ def mcp_endpoint():
         if name in answer.headers:
             response.set_header(name, answer.headers[name])
     return answer.content
+
+
+def call_tool(token, tool, arguments):
+    """Run one MCP tool in the child as the account of `token` (a live key or access token, checked by the
+    caller): (True, its structured result) or (False, the tool's error in words). For A2A's skills, which are the
+    MCP tools (a2a_binding.py)."""
+    svc = service()
+    url = child_of(svc).ensure(request.environ.get('SERVER_PORT') or svc.settings.port)
+    message = {'jsonrpc': '2.0', 'id': 1, 'method': 'tools/call', 'params': {'name': tool, 'arguments': arguments}}
+    try:
+        answer = requests.post(url, json=message, timeout=CHILD_TIMEOUT, headers={
+            'Authorization': f'Bearer {token}', 'Accept': 'application/json, text/event-stream',
+            RELAY_HEADER: client_ip()})
+        reply = answer.json()
+    except (requests.RequestException, ValueError) as exc:
+        log.error('MCP child did not run %s: %s', tool, type(exc).__name__)
+        return False, 'The MCP server is starting or failed; send the message again in a moment.'
+    if 'error' in reply:
+        return False, reply['error'].get('message') or 'The tool could not run.'
+    result = reply.get('result') or {}
+    if result.get('isError'):
+        return False, ' '.join(part.get('text', '') for part in result.get('content', [])).strip()
+    return True, result.get('structuredContent')

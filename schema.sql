@@ -490,4 +490,13 @@ CREATE TABLE IF NOT EXISTS oauth_tokens (
 );
 CREATE INDEX IF NOT EXISTS oauth_tokens_grant ON oauth_tokens(grant_id);
 
+-- A2A tasks (CONTRACT 22): what POST /message:send answered, kept 24 hours for the account that sent it.
+CREATE TABLE IF NOT EXISTS a2a_tasks (
+    id          TEXT PRIMARY KEY,
+    account_id  TEXT NOT NULL REFERENCES accounts(id),
+    task        TEXT NOT NULL,                  -- the Task, in A2A's JSON
+    created_at  TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS a2a_tasks_created ON a2a_tasks(created_at);
+
 PRAGMA user_version = 11;

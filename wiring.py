@@ -10,6 +10,7 @@ importing the faces registers their API routes with the rules' `route` (all disc
 to hand over), and FACES hands the app what it calls of them (marketplace.Faces).
 """
 
+import a2a_binding
 import command_line
 import discovery
 import http_server

@@ -28,7 +28,9 @@ NOT_DRIVEN = {('GET', '/api/jobs/stream'),
               ('POST', '/mcp'), ('GET', '/mcp'), ('DELETE', '/mcp'),  # a child process: test_mcp_http.py
               ('GET', '/.well-known/oauth-protected-resource'), ('GET', '/.well-known/oauth-protected-resource/mcp'),
               ('GET', '/.well-known/oauth-authorization-server'), ('POST', '/oauth/register'),
-              ('POST', '/oauth/token')}       # test_oauth.py: a host's whole flow
+              ('POST', '/oauth/token'),       # test_oauth.py: a host's whole flow
+              ('POST', '/message\\:send'), ('POST', '/message\\:stream'), ('GET', '/tasks/<task_id>'),
+              ('POST', '/tasks/<task_id>\\:cancel')}     # test_a2a.py: the a2a-sdk client
 
 
 def operations(document):
@@ -151,8 +153,10 @@ def test_every_operation_documents_its_errors(document):
         keyed = operation.get('security') == [{'bearerAuth': []}]
         assert keyed == ('401' in errors), where
         if keyed:
-            # any key may register an agent, list its own claims, speak MCP (its tools answer refusals)
-            assert '403' in errors or path in ('/api/agents', '/api/claims', '/mcp'), where
+            # any key may register an agent, list its own claims, speak MCP or A2A (their tools answer refusals;
+            # another account's task is not found)
+            assert '403' in errors or path in ('/api/agents', '/api/claims', '/mcp') or \
+                path.startswith(('/message:', '/tasks/')), where
         # 429 exactly on the rate-limited routes (every GET shares one bucket; /api/health has none).
         assert ('429' in errors) == (buckets[(method, path)] is not None), where
         extra_successes = [status for status in API_ALSO.get((method, path), ()) if status < 300]
