@@ -18,7 +18,7 @@ from urllib.parse import urlencode, urlsplit
 
 from authlib.oauth2 import AuthorizationServer, OAuth2Request
 from authlib.oauth2.rfc6749 import ClientMixin, grants
-from authlib.oauth2.rfc6749.errors import OAuth2Error
+from authlib.oauth2.rfc6749.errors import InsecureTransportError, OAuth2Error
 from authlib.oauth2.rfc6749.requests import OAuth2Payload
 from authlib.oauth2.rfc6750 import BearerTokenGenerator
 from authlib.oauth2.rfc7591 import ClientRegistrationEndpoint
@@ -309,8 +309,12 @@ def bottle_request(fields=None, json_body=False):
                 (request.query,):
             for name in source.keys():
                 fields[name].extend(source.getall(name))
-    oauth_request = BottleOAuth2Request(request.method, service().settings.base_url + request.fullpath,
-                                        headers=dict(request.headers))
+    try:
+        oauth_request = BottleOAuth2Request(request.method, service().settings.base_url + request.fullpath,
+                                            headers=dict(request.headers))
+    except InsecureTransportError:
+        raise APIError('OAuth needs https (or a loopback address): this service\'s --public-url is plain http on '
+                       'another host.', code='insecure_transport') from None
     oauth_request.payload = Payload(fields)
     if json_body:
         from authlib.oauth2.rfc6749 import JsonRequest

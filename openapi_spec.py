@@ -793,6 +793,11 @@ API_SCHEMAS.update({
         'client_name': {'type': 'string', 'maxLength': 100}}),
     'OAuthClient': dict(OPEN_OBJECT, required=['client_id', 'redirect_uris']),
     'OAuthToken': dict(OPEN_OBJECT, required=['access_token', 'token_type', 'expires_in', 'refresh_token']),
+    'A2ASendResult': dict(OPEN_OBJECT, required=['task'], description="A2A's SendMessageResponse (JSON mapping)."),
+    'A2ATask': dict(OPEN_OBJECT, required=['id', 'status'], description="A2A's Task (JSON mapping)."),
+    'JsonRpcAnswer': {'type': ['object', 'array'], 'description': 'A JSON-RPC answer, or a batch of them.'},
+    'A2AError': closed_object({'error': dict(OPEN_OBJECT, required=['code', 'status', 'message'])},
+                              description="A2A's error form (google.rpc.Status), with an ErrorInfo reason."),
 })
 API_SCHEMAS['MyClaims'] = closed_object({
     'claims': {'type': 'array', 'items': closed_object(dict(API_SCHEMAS['Claim']['properties'],
@@ -889,8 +894,8 @@ API_OPERATIONS = {
                        "OAuth's: 400 {error: invalid_grant | invalid_request | invalid_client | ...}."},
     ('POST', '/message\\:send'): {
         'summary': 'A2A (HTTP+JSON binding): run a skill, an MCP tool, as the caller; the finished task',
-        'tags': ['A2A'], 'auth': 'key', 'ok': (200, None), 'media': ['application/json'],
-        'errors': (400, 401, 413, 429),
+        'tags': ['A2A'], 'auth': 'key', 'ok': (200, 'A2ASendResult'),
+        'errors': (401, 413, 429), 'a2a_errors': (400,),
         'description': 'A2A 1.0 SendMessageRequest: a message whose data part is {"skill": <id>, "input": {...}} '
                        '(the skills of /.well-known/agent-card.json, the MCP tools with the same input). Answers '
                        '{task}: completed with the result as a data artifact, or failed with the error (a message '
@@ -899,18 +904,20 @@ API_OPERATIONS = {
                        "Errors in the binding's form (google.rpc.Status with an ErrorInfo reason)."},
     ('POST', '/message\\:stream'): {
         'summary': 'A2A: run a skill; the finished task as Server-Sent Events', 'tags': ['A2A'], 'auth': 'key',
-        'ok': (200, None), 'media': ['text/event-stream'], 'errors': (400, 401, 413, 429)},
+        'ok': (200, None), 'media': ['text/event-stream'], 'errors': (401, 413, 429), 'a2a_errors': (400,),
+        'event_schema': {'type': 'object', 'required': ['data'], 'properties': {
+            'data': {'type': 'string', 'contentMediaType': 'application/json',
+                     'description': "A2A's StreamResponse (JSON mapping): {task}."}}}},
     ('GET', '/tasks/<task_id>'): {
         'summary': 'A2A: a task the caller made, for 24 hours', 'tags': ['A2A'], 'auth': 'key',
-        'ok': (200, None), 'media': ['application/json'], 'errors': (400, 401, 404, 429)},
+        'ok': (200, 'A2ATask'), 'errors': (401, 429), 'a2a_errors': (400, 404)},
     ('POST', '/tasks/<task_id>\\:cancel'): {
         'summary': 'A2A: cancel a task (never: a task is finished when answered)', 'tags': ['A2A'], 'auth': 'key',
-        'ok': (200, None), 'media': ['application/json'], 'errors': (400, 401, 404, 429),
+        'ok': (200, 'A2ATask'), 'errors': (401, 429), 'a2a_errors': (400, 404),
         'description': "Answers A2A's TASK_NOT_CANCELABLE (400), or TASK_NOT_FOUND (404)."},
     ('POST', '/mcp'): {
         'summary': 'MCP over Streamable HTTP (JSON-RPC): the tools and resources of `marketplace.py mcp`',
-        'tags': ['System'], 'auth': 'key', 'ok': (200, None), 'media': ['application/json'],
-        'errors': (401, 413, 429, 503),
+        'tags': ['System'], 'auth': 'key', 'ok': (200, 'JsonRpcAnswer'), 'errors': (400, 401, 406, 413, 415, 429, 503),
         'description': 'The Model Context Protocol server (README "Connect an agent"), stateless, answering JSON: '
                        'send the MCP JSON-RPC messages of an MCP client, with Authorization: Bearer <an API key or '
                        'an OAuth access token>; its tools act as that account. 401 without a live token, with '
@@ -923,7 +930,7 @@ API_OPERATIONS = {
                        'header; the route exists so that the token is checked first, as for POST.'},
     ('DELETE', '/mcp'): {
         'summary': 'MCP over Streamable HTTP: end a session (there are none: stateless)', 'tags': ['System'],
-        'auth': 'key', 'ok': (200, None), 'media': ['application/json'], 'errors': (401, 429, 503),
+        'auth': 'key', 'ok': (200, 'JsonRpcAnswer'), 'errors': (401, 429, 503),
         'description': 'A stateless server keeps no sessions: the MCP SDK answers 405.'},
     ('GET', '/metrics'): {
         'summary': 'Prometheus metrics (text format), for admin keys', 'tags': ['System'], 'auth': 'key',
@@ -1263,6 +1270,8 @@ ERROR_RESPONSES = {
     400: ('BadRequest', 'Invalid input: a malformed body, field, query parameter or UUID (`fields` says which).', ()),
     401: ('Unauthorized', 'The API key is missing, unknown or revoked.', ('WWW-Authenticate',)),
     403: ('Forbidden', 'The key may not do this.', ()),
+    406: ('NotAcceptable', 'The Accept header names no media type this answers in (MCP: application/json and '
+                           'text/event-stream both).', ()),
     404: ('NotFound', 'No such resource (or no such endpoint).', ()),
     405: ('MethodNotAllowed', 'The path does not take this method; `Allow` lists those it takes.', ('Allow',)),
     402: ('PaymentRequired', 'A payment is missing or does not check out; `code` names the failed check.',
@@ -1327,8 +1336,8 @@ def openapi_operation(path, entry):
     if name:
         content = json_content(name)
     else:
-        content = {media: {'schema': SSE_EVENT_SCHEMA if media == 'text/event-stream' else {'type': 'string'}}
-                   for media in entry['media']}
+        content = {media: {'schema': entry.get('event_schema', SSE_EVENT_SCHEMA) if media == 'text/event-stream'
+                           else {'type': 'string'}} for media in entry['media']}
     success = {'description': entry.get('ok_description', 'Created.' if status == 201 else 'OK.')}
     if content:
         success['content'] = content
@@ -1340,6 +1349,10 @@ def openapi_operation(path, entry):
     body_late = {408} if 'body' in entry else set()     # the HTTP layer's, for any body: --body-timeout
     for code in sorted(set(entry['errors']) | {405} | body_late):
         responses[str(code)] = {'$ref': f'#/components/responses/{ERROR_RESPONSES[code][0]}'}
+    for code in entry.get('a2a_errors', ()):       # A2A's binding answers its errors in its own form
+        responses[str(code)] = {'description': "An A2A error: google.rpc.Status with an ErrorInfo `reason` "
+                                               '(TASK_NOT_FOUND, TASK_NOT_CANCELABLE, INVALID_REQUEST...).',
+                                'content': json_content('A2AError')}
     for code in entry.get('html_errors', ()):      # a page's refusals are pages too
         responses[str(code)] = {'description': f'{ERROR_RESPONSES[code][1]} As an HTML page.',
                                 'content': {'text/html': {'schema': {'type': 'string'}}}}

@@ -22,7 +22,7 @@ import threading
 import requests
 from bottle import request, response
 
-from marketplace import HERE, Unauthorized, account_for_key, client_ip, read_raw_body, route, service
+from marketplace import HERE, Unauthorized, Unavailable, account_for_key, client_ip, read_raw_body, route, service
 
 log = logging.getLogger('marketplace.mcp')
 RELAY_HEADER = 'X-Marketplace-Relay'        # the child's API calls: the secret, then the caller's address
@@ -64,7 +64,8 @@ class McpChild:
                 environment = dict(os.environ, MARKETPLACE_MCP_RELAY=self.svc.relay_secret)
                 self.process = subprocess.Popen(
                     [sys.executable, str(HERE / 'marketplace.py'), 'mcp', '--http-fd', str(listener.fileno()),
-                     '--url', f'http://127.0.0.1:{api_port}', '--mcp-timeout', str(self.svc.settings.mcp_timeout)],
+                     '--url', f'http://{api_host(self.svc.settings.host)}:{api_port}',
+                     '--mcp-timeout', str(self.svc.settings.mcp_timeout)],
                     pass_fds=(listener.fileno(),), env=environment, stdin=subprocess.DEVNULL,
                     preexec_fn=_die_with_parent, cwd=HERE)
                 self.url = f'http://127.0.0.1:{listener.getsockname()[1]}/mcp'
@@ -82,7 +83,21 @@ class McpChild:
                 self.process.kill()
 
 
+def api_host(host):
+    """Where the child reaches this server's API: over loopback when it listens on every address, else at the
+    address it listens on (an IPv6 one in brackets)."""
+    if host in ('', '0.0.0.0'):
+        return '127.0.0.1'
+    if host == '::':
+        return '[::1]'
+    return f'[{host}]' if ':' in host else host
+
+
 def child_of(svc):
+    """The MCP child of this app. Only under `serve` (svc.background): the child calls the API back over HTTP, which
+    an app called in-process (the tests' WSGI calls, `seed`) does not answer."""
+    if not svc.background:
+        raise Unavailable('MCP over HTTP is served by `marketplace.py serve`, not by an app called in-process.')
     child = getattr(svc, 'mcp_child', None)
     if child is None:
         child = svc.mcp_child = McpChild(svc)
@@ -129,6 +144,14 @@ def mcp_endpoint():
     for name in ANSWER_HEADERS:
         if name in answer.headers:
             response.set_header(name, answer.headers[name])
+    if answer.status_code >= 400 and not answer.headers.get('Content-Type', '').startswith('application/json'):
+        # the SDK's refusals of the HTTP request itself (a Content-Type or Accept it does not take) are words:
+        # answered as every error of this API is
+        response.content_type = 'application/json'
+        words = answer.content.decode('utf-8', 'replace').strip()[:500] or 'The MCP server refused the request.'
+        return {'error': f'MCP: {words}', 'status': answer.status_code,
+                'code': {400: 'bad_request', 405: 'method_not_allowed', 406: 'not_acceptable',
+                         415: 'unsupported_media_type'}.get(answer.status_code, 'bad_request')}
     return answer.content
 
 
@@ -137,7 +160,10 @@ def call_tool(token, tool, arguments):
     caller): (True, its structured result) or (False, the tool's error in words). For A2A's skills, which are the
     MCP tools (a2a_binding.py)."""
     svc = service()
-    url = child_of(svc).ensure(request.environ.get('SERVER_PORT') or svc.settings.port)
+    try:
+        url = child_of(svc).ensure(request.environ.get('SERVER_PORT') or svc.settings.port)
+    except Unavailable as exc:
+        return False, exc.message
     message = {'jsonrpc': '2.0', 'id': 1, 'method': 'tools/call', 'params': {'name': tool, 'arguments': arguments}}
     try:
         answer = requests.post(url, json=message, timeout=CHILD_TIMEOUT, headers={
