@@ -240,7 +240,7 @@ class Server(AuthorizationServer):
         return Client(row) if row else None
 
     def save_token(self, token, oauth_request):
-        """The tokens issued, as hashes; the grant's `used_at` moves on."""
+        """The tokens issued, as hashes; the grant's `used_at` moves on; codes and tokens long expired go."""
         db, grant_id, moment = service().db, oauth_request.user['grant_id'], now()
         with db.transaction():
             for kind, value, expires in (('access', token['access_token'], timedelta(seconds=ACCESS_SECONDS)),
@@ -250,6 +250,9 @@ class Server(AuthorizationServer):
                                                'expires_at': iso(moment + expires), 'revoked_at': None,
                                                'created_at': iso(moment)})
             db.execute('UPDATE oauth_grants SET used_at = :now WHERE id = :id', {'now': iso(moment), 'id': grant_id})
+            # what expired over a day ago is forgotten (a refresh token used twice is caught until it expires)
+            for table in ('oauth_codes', 'oauth_tokens'):
+                db.execute(f'DELETE FROM {table} WHERE expires_at < :old', {'old': iso(moment - timedelta(days=1))})
 
     def create_oauth2_request(self, fields=None):
         return fields if isinstance(fields, OAuth2Request) else bottle_request(fields)
