@@ -204,8 +204,19 @@ def service_card(base_url, x402=None):
         'securitySchemes': {'bearerAuth': {'httpAuthSecurityScheme': {
             'scheme': 'Bearer', 'description': 'An API key, or an OAuth access token (authorization server: '
                                                f'{base_url}/.well-known/oauth-authorization-server). Needed for '
-                                               'messages and to write; reads of the API are public.'}}},
-        'securityRequirements': [{'schemes': {'bearerAuth': {'list': []}}}],
+                                               'messages and to write; reads of the API are public.'}},
+                            'oauth': {'oauth2SecurityScheme': {
+                                'description': 'OAuth 2.1 for hosts that sign a person in (PKCE S256, public '
+                                               'clients registered at /oauth/register): its access token is a '
+                                               'Bearer token.',
+                                'oauth2MetadataUrl': f'{base_url}/.well-known/oauth-authorization-server',
+                                'flows': {'authorizationCode': {
+                                    'authorizationUrl': f'{base_url}/oauth/authorize',
+                                    'tokenUrl': f'{base_url}/oauth/token', 'refreshUrl': f'{base_url}/oauth/token',
+                                    'scopes': {'marketplace': 'Act as the approving account, as its API key '
+                                                              'does (the only scope: it may be left out).'},
+                                    'pkceRequired': True}}}}},
+        'securityRequirements': [{'schemes': {'bearerAuth': {'list': []}}}, {'schemes': {'oauth': {'list': []}}}],
         'documentationUrl': f'{base_url}/api/openapi.json',
         # For A2A clients older than 1.0, which read these instead of supportedInterfaces.
         'url': base_url,

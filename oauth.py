@@ -35,6 +35,7 @@ CODE_SECONDS = 60                   # a code lives a minute and is used once
 REFRESH_PREFIX = 'mrt_'
 MAX_REDIRECT_URIS = 10
 MAX_CLIENT_NAME = 100
+SCOPES = ['marketplace']            # the only scope, which may be left out: a token acts as its account, as a key
 
 
 def redirect_uri_problem(uri):
@@ -226,7 +227,7 @@ class Server(AuthorizationServer):
     """authlib's server over bottle and the service's database."""
 
     def __init__(self):
-        super().__init__()
+        super().__init__(scopes_supported=SCOPES)
         self.register_grant(CodeGrant, [S256Only(required=True)])
         self.register_grant(RefreshGrant)
         self.register_endpoint(Registration)
@@ -359,7 +360,7 @@ def server_metadata():
             'token_endpoint': f'{base}/oauth/token', 'registration_endpoint': f'{base}/oauth/register',
             'response_types_supported': ['code'], 'grant_types_supported': ['authorization_code', 'refresh_token'],
             'code_challenge_methods_supported': ['S256'], 'token_endpoint_auth_methods_supported': ['none'],
-            'scopes_supported': [], 'service_documentation': f'{base}/api/docs'}
+            'scopes_supported': SCOPES, 'service_documentation': f'{base}/api/docs'}
 
 
 @route('GET', '/.well-known/oauth-protected-resource')
@@ -368,7 +369,7 @@ def protected_resource():
     """RFC 9728: where an MCP host, told 401 by /mcp, learns which authorization server issues its tokens."""
     base = service().settings.base_url
     return {'resource': f'{base}/mcp', 'authorization_servers': [base], 'bearer_methods_supported': ['header'],
-            'scopes_supported': [], 'resource_name': 'Job marketplace (MCP)',
+            'scopes_supported': SCOPES, 'resource_name': 'Job marketplace (MCP)',
             'resource_documentation': f'{base}/api/docs'}
 
 

@@ -149,11 +149,15 @@ def test_service_card_keeps_the_legacy_fields(client):
     card = client.get(CARD_PATHS[0]).json
     assert card['url'] == 'http://market.test'
     assert card['protocolVersion'] == '1.0'
-    [(name, scheme)] = card['securitySchemes'].items()
-    assert name == 'bearerAuth'
+    assert set(card['securitySchemes']) == {'bearerAuth', 'oauth'}
+    scheme = card['securitySchemes']['bearerAuth']
     assert set(scheme) == {'httpAuthSecurityScheme'}
     assert scheme['httpAuthSecurityScheme']['scheme'] == 'Bearer'
-    assert card['securityRequirements'] == [{'schemes': {'bearerAuth': {'list': []}}}]
+    oauth = card['securitySchemes']['oauth']['oauth2SecurityScheme']
+    assert oauth['oauth2MetadataUrl'] == 'http://market.test/.well-known/oauth-authorization-server'
+    assert oauth['flows']['authorizationCode']['pkceRequired'] is True
+    assert card['securityRequirements'] == [{'schemes': {'bearerAuth': {'list': []}}},
+                                            {'schemes': {'oauth': {'list': []}}}]
     assert card['documentationUrl'].endswith('/api/openapi.json')
 
 
