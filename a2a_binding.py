@@ -162,7 +162,7 @@ def message_stream():
     return answer_message(stream=True)
 
 
-@route('GET', '/tasks/<task_id>')
+@route('GET', '/tasks/<task_id:re:[^/:]+>')     # not /tasks/{id}:cancel (405 for GET)
 def get_task(task_id):
     """A task the caller's account made, for 24 hours."""
     _, account = caller_token()

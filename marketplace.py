@@ -5076,9 +5076,9 @@ def route(method, path, limit=_READ):
 
 
 def openapi_path(path):
-    """A route path in OpenAPI form: /api/jobs/<job_id> becomes /api/jobs/{job_id}, and bottle's escaped colon
-    (/message\\:send) a colon."""
-    return re.sub(r'<(\w+)>', r'{\1}', path).replace('\\:', ':')
+    """A route path in OpenAPI form: /api/jobs/<job_id> (or <job_id:re:...>) becomes /api/jobs/{job_id}, and
+    bottle's escaped colon (/message\\:send) a colon."""
+    return re.sub(r'<(\w+)(?::[^>]*)?>', r'{\1}', path).replace('\\:', ':')
 
 
 def service():

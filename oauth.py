@@ -130,8 +130,8 @@ class CodeGrant(grants.AuthorizationCodeGrant):
         """A code of this client, unexpired and never used. A code used again revokes its grant (RFC 9700: the
         code may have been stolen), and what the first use issued with it."""
         db = service().db
-        row = db.row('''SELECT c.*, g.client_id, g.revoked_at FROM oauth_codes c JOIN oauth_grants g ON g.id = c.grant_id
-                        WHERE c.code_hash = :h''', {'h': hash_key(code)})
+        row = db.row('''SELECT c.*, g.client_id, g.revoked_at FROM oauth_codes c
+                        JOIN oauth_grants g ON g.id = c.grant_id WHERE c.code_hash = :h''', {'h': hash_key(code)})
         if row is None or row['client_id'] != client.get_client_id() or row['revoked_at']:
             return None
         if row['used_at']:

@@ -908,7 +908,7 @@ API_OPERATIONS = {
         'event_schema': {'type': 'object', 'required': ['data'], 'properties': {
             'data': {'type': 'string', 'contentMediaType': 'application/json',
                      'description': "A2A's StreamResponse (JSON mapping): {task}."}}}},
-    ('GET', '/tasks/<task_id>'): {
+    ('GET', '/tasks/<task_id:re:[^/:]+>'): {
         'summary': 'A2A: a task the caller made, for 24 hours', 'tags': ['A2A'], 'auth': 'key',
         'ok': (200, 'A2ATask'), 'errors': (401, 429), 'a2a_errors': (400, 404)},
     ('POST', '/tasks/<task_id>\\:cancel'): {
@@ -923,15 +923,6 @@ API_OPERATIONS = {
                        'an OAuth access token>; its tools act as that account. 401 without a live token, with '
                        'WWW-Authenticate: Bearer resource_metadata=<the OAuth protected resource metadata>. A tool '
                        'whose API call fails is a tool error (isError), never a result.'},
-    ('GET', '/mcp'): {
-        'summary': 'MCP over Streamable HTTP: no server-sent stream (stateless)', 'tags': ['System'], 'auth': 'key',
-        'ok': (200, None), 'media': ['text/event-stream'], 'errors': (401, 429, 503),
-        'description': 'A stateless server opens no stream of its own: the MCP SDK answers 405 with an Allow '
-                       'header; the route exists so that the token is checked first, as for POST.'},
-    ('DELETE', '/mcp'): {
-        'summary': 'MCP over Streamable HTTP: end a session (there are none: stateless)', 'tags': ['System'],
-        'auth': 'key', 'ok': (200, 'JsonRpcAnswer'), 'errors': (401, 429, 503),
-        'description': 'A stateless server keeps no sessions: the MCP SDK answers 405.'},
     ('GET', '/metrics'): {
         'summary': 'Prometheus metrics (text format), for admin keys', 'tags': ['System'], 'auth': 'key',
         'ok': (200, None), 'media': ['text/plain'], 'errors': (401, 403, 429),
@@ -1329,7 +1320,8 @@ def header_refs(names):
 def openapi_operation(path, entry):
     """One operation object from its API_OPERATIONS entry."""
     parameters = [{'name': name, 'in': 'path', 'required': True, 'schema': UUID_SCHEMA,
-                   'description': 'A UUID (uppercase is accepted).'} for name in re.findall(r'<(\w+)>', path)]
+                   'description': 'A UUID (uppercase is accepted).'}
+                  for name in re.findall(r'<(\w+)(?::[^>]*)?>', path)]
     parameters += [{**param, 'in': 'query'} for param in entry.get('query', [])]
     parameters += [{**param, 'in': 'header'} for param in entry.get('headers', [])]
     status, name = entry['ok']

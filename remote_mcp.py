@@ -115,17 +115,16 @@ def unauthorized(message, error=None):
 
 
 @route('POST', '/mcp', limit='mcp')
-@route('GET', '/mcp', limit='mcp')
-@route('DELETE', '/mcp', limit='mcp')
 def mcp_endpoint():
-    """MCP over Streamable HTTP: the caller's Bearer token checked here, the request proxied to the MCP child."""
+    """MCP over Streamable HTTP: the caller's Bearer token checked here, the request proxied to the MCP child. Only
+    POST: a stateless server opens no stream (GET) and ends no session (DELETE), so those are 405 here."""
     header = request.get_header('Authorization', '')
     scheme, _, token = header.partition(' ')
     if scheme.lower() != 'bearer' or not token.strip():
         raise unauthorized('MCP needs a token: send Authorization: Bearer <an API key or an OAuth access token>.')
     if account_for_key(service().db, token.strip()) is None:
         raise unauthorized('This token is not a live API key or access token of this service.', 'invalid_token')
-    body = read_raw_body() if request.method == 'POST' else b''
+    body = read_raw_body()
     svc = service()
     url = child_of(svc).ensure(request.environ.get('SERVER_PORT') or svc.settings.port)
     headers = {name: request.get_header(name) for name in PASSED_HEADERS if request.get_header(name) is not None}

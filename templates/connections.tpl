@@ -7,7 +7,11 @@ signed in with when you approved it.</p>
 % end
 % for grant in grants:
 <article class="claim connection">
-  <p><strong>{{grant['name']}}</strong>, approved <time datetime="{{grant['created_at']}}">{{when(grant['created_at'])}}</time>{{!', last token <time datetime="' + grant['used_at'] + '">' + when(grant['used_at']) + '</time>' if grant['used_at'] else ''}}</p>
+  <p><strong>{{grant['name']}}</strong>, approved <time datetime="{{grant['created_at']}}">{{when(grant['created_at'])}}</time>
+% if grant['used_at']:
+    , last token <time datetime="{{grant['used_at']}}">{{when(grant['used_at'])}}</time>
+% end
+  </p>
   <form class="form inline" method="post" action="/my/connections/{{grant['id']}}/revoke">
     <input type="hidden" name="csrf" value="{{csrf()}}">
     <button type="submit" class="reject">Disconnect</button>

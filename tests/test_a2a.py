@@ -100,7 +100,8 @@ def test_a_failed_skill_an_unknown_skill_and_the_stream(server):
     assert event.task.status.state == a2a.TASK_STATE_FAILED
     words = event.task.status.message.parts[0].text
     assert all(skill in words for skill in mcp_server.TOOL_OPERATIONS)
-    [event], _ = asyncio.run(exchange(server, key, message('get_job', {'job_id': '00000000-0000-4000-8000-000000000000'})))
+    unknown = {'job_id': '00000000-0000-4000-8000-000000000000'}
+    [event], _ = asyncio.run(exchange(server, key, message('get_job', unknown)))
     assert event.task.status.state == a2a.TASK_STATE_FAILED
     assert '(code: not_found, status: 404)' in event.task.status.message.parts[0].text
     events, _ = asyncio.run(exchange(server, key, message('service_health', {}), streaming=True))

@@ -266,6 +266,16 @@ def test_the_refusals_of_section_22(server):
         refused = register(server, [uri])
         assert refused.status_code == 400 and refused.json()['error'] in ('invalid_redirect_uri',
                                                                           'invalid_client_metadata'), uri
+    # Malformed bodies: OAuth's own error answers, nothing registered or issued.
+    clients = sqlite3.connect(server.db).execute('SELECT count(*) FROM oauth_clients').fetchone()[0]
+    broken = requests.post(f'{server.url}/oauth/register', data=b'{nope', timeout=TIMEOUT,
+                           headers={'Content-Type': 'application/json'})
+    assert broken.status_code == 400 and broken.json()['error'] in ('invalid_request', 'invalid_client_metadata')
+    assert sqlite3.connect(server.db).execute('SELECT count(*) FROM oauth_clients').fetchone()[0] == clients
+    for form in ({'grant_type': 'password', 'username': 'a', 'password': 'b'}, {'code': 'x'}, {}):
+        refused = requests.post(f'{server.url}/oauth/token', data=form, timeout=TIMEOUT)
+        assert refused.status_code == 400 and refused.json()['error'] in ('unsupported_grant_type',
+                                                                           'invalid_request'), form
     # A token of another service, or made up: 401 on the API and on /mcp.
     for token in ('mat_' + secrets.token_urlsafe(32), 'eyJhbGciOiJIUzI1NiJ9.e30.x'):
         assert me(server, token).status_code == 401

@@ -25,11 +25,11 @@ NOT_DRIVEN = {('GET', '/api/jobs/stream'),
               ('POST', '/api/x402'),      # needs a chain: test_x402.py checks its answers against this document
               ('POST', '/api/stripe/webhook'),    # needs stripe mode: test_stripe_funding.py checks its answers
               ('POST', '/api/agents/<agent_id>/stripe/onboarding'),   # stripe mode too: test_stripe_payouts.py
-              ('POST', '/mcp'), ('GET', '/mcp'), ('DELETE', '/mcp'),  # a child process: test_mcp_http.py
+              ('POST', '/mcp'),               # a child process: test_mcp_http.py
               ('GET', '/.well-known/oauth-protected-resource'), ('GET', '/.well-known/oauth-protected-resource/mcp'),
               ('GET', '/.well-known/oauth-authorization-server'), ('POST', '/oauth/register'),
               ('POST', '/oauth/token'),       # test_oauth.py: a host's whole flow
-              ('POST', '/message\\:send'), ('POST', '/message\\:stream'), ('GET', '/tasks/<task_id>'),
+              ('POST', '/message\\:send'), ('POST', '/message\\:stream'), ('GET', '/tasks/<task_id:re:[^/:]+>'),
               ('POST', '/tasks/<task_id>\\:cancel')}     # test_a2a.py: the a2a-sdk client
 
 
@@ -141,11 +141,13 @@ def test_every_operation_documents_its_errors(document):
         errors = {status for status, content in contents.items()
                   if content.get('application/json', {}).get('schema') == {'$ref': '#/components/schemas/Error'}}
         pages = {status for status, content in contents.items() if set(content) == {'text/html'}}
+        a2a = {status for status, content in contents.items()      # A2A's binding: its own error form
+               if content.get('application/json', {}).get('schema') == {'$ref': '#/components/schemas/A2AError'}}
         assert errors, where
         assert '405' in errors and 'default' in responses, where
         assert not pages or operation['tags'] == ['Pages'], where      # only pages answer errors as pages
         for name in re.findall(r'{(\w+)}', path):
-            assert {'400', '404'} <= errors | pages, where
+            assert {'400', '404'} <= errors | pages | a2a, where
             assert {'name': name, 'in': 'path', 'required': True, 'schema': {'type': 'string', 'format': 'uuid'},
                     'description': 'A UUID (uppercase is accepted).'} in operation['parameters'], where
         if 'requestBody' in operation:
