@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 DB     ?= marketplace.db
+HOST   ?= 127.0.0.1
+PORT   ?= 8080
 FUZZ_EXAMPLES ?= 200
 
 .DEFAULT_GOAL := help
@@ -11,9 +13,16 @@ FUZZ_EXAMPLES ?= 200
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
 
+# The service's packages (requirements.txt) for make run; the tests' too (requirements-dev.txt) for make test. A
+# .venv without a working pip (python3-venv was missing when it was made) is made again, never a dead end.
 $(VENV)/stamp: requirements.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); } || { rm -rf $(VENV); \
+		echo "make: '$(PYTHON) -m venv' failed: install Debian's python3-venv (sudo apt-get install python3-venv)"; exit 1; }
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+$(VENV)/dev-stamp: $(VENV)/stamp requirements-dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
 # anvil (a local EVM) and solc for the chain tests, pinned by package.json and package-lock.json.
@@ -23,24 +32,27 @@ node_modules/.stamp: package.json package-lock.json
 	npm install --no-audit --no-fund
 	touch $@
 
-run: $(VENV)/stamp  ## serve the demo on http://127.0.0.1:8080 (seeds a new database first)
-	@test -f $(DB) || { rm -f $(DB).new && $(PY) marketplace.py seed --db $(DB).new && mv $(DB).new $(DB); }
-	$(PY) marketplace.py serve --db $(DB) --open-arbitration
+run: $(VENV)/stamp  ## serve the demo on http://127.0.0.1:8080 (HOST=0.0.0.0 PORT=8080; seeds a new database first)
+	@test -f $(DB) || { rm -f $(DB).new && $(PY) marketplace.py seed --db $(DB).new --keys-file demo-keys.txt \
+		&& mv $(DB).new $(DB); }
+	@test ! -f demo-keys.txt || echo "The demo's API keys, with their roles: demo-keys.txt"
+	$(PY) marketplace.py serve --db $(DB) --host $(HOST) --port $(PORT) --open-arbitration \
+		--rate-limit-scale 100 --allow-private-webhooks
 
-seed: $(VENV)/stamp  ## load the demo fixtures into a new database (DB=marketplace.db)
-	$(PY) marketplace.py seed --db $(DB)
+seed: $(VENV)/stamp  ## load the demo fixtures into a new database (DB=marketplace.db); keys in demo-keys.txt
+	$(PY) marketplace.py seed --db $(DB) --keys-file demo-keys.txt
 
-test: $(VENV)/stamp node_modules/.stamp  ## run the whole test suite
+test: $(VENV)/dev-stamp node_modules/.stamp  ## run the whole test suite
 	$(PY) -m pytest -q
 
-test-replicas: $(VENV)/stamp node_modules/.stamp  ## the 11-minute test of a replica started before the primary's first compaction
+test-replicas: $(VENV)/dev-stamp node_modules/.stamp  ## the 11-minute test of a replica started before the primary's first compaction
 	MARKETPLACE_TEST_REPLICAS=1 $(PY) -m pytest -q tests/test_replica_freeze.py
 
-fuzz: $(VENV)/stamp  ## long fuzzing, not in make test: the state machine (500 runs) and each API operation (FUZZ_EXAMPLES=200)
+fuzz: $(VENV)/dev-stamp  ## long fuzzing, not in make test: the state machine (500 runs) and each API operation (FUZZ_EXAMPLES=200)
 	HYPOTHESIS_PROFILE=fuzz SCHEMATHESIS_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider \
 		tests/test_properties.py tests/test_schemathesis.py
 
-bench: $(VENV)/stamp  ## measure the server with wrk against a bare ceiling (BENCH_ARGS="--jobs 100000")
+bench: $(VENV)/dev-stamp  ## measure the server with wrk against a bare ceiling (BENCH_ARGS="--jobs 100000")
 	@command -v wrk >/dev/null || { echo "make bench needs wrk: sudo apt-get install wrk"; exit 2; }
 	$(PY) bench/bench.py $(BENCH_ARGS)
 

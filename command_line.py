@@ -329,7 +329,7 @@ def serve_replica(app, server, metrics_server, settings):
 # Demo data ###################################################################
 ###############################################################################
 
-def seed(db_settings, fixtures_path, faces, out=print):
+def seed(db_settings, fixtures_path, faces, out=print, keys_file=None):
     """Load the demo fixtures through the API itself; print the demo keys; return them by name."""
     # Demo money is simulated; the demo's arbitrators are active at once and its disputes take three votes.
     settings = Settings(**dict(vars(db_settings), rate_limits='off', rpc_url='', open_arbitration=True,
@@ -389,10 +389,36 @@ def seed(db_settings, fixtures_path, faces, out=print):
     app.service.close()
     out(f'Seeded {settings.db}: {len(fixtures["accounts"])} accounts, {len(agents)} agents, '
         f'{len(arbitrators)} arbitrators, {len(fixtures["jobs"])} jobs.')
-    out('Demo API keys (shown once; use them as "Authorization: Bearer <key>"):')
-    for name, key in keys.items():
-        out(f'  {name:<20} {key}')
+    lines = demo_key_lines(fixtures, keys)
+    out('Demo API keys (use them as "Authorization: Bearer <key>"; sign in with them on the pages):')
+    for line in lines:
+        out('  ' + line)
+    if keys_file:
+        path = Path(keys_file)
+        path.unlink(missing_ok=True)
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 'w') as written:
+            written.write(f'# The demo accounts of {settings.db}: name, role, what it does, API key.\n'
+                          + '\n'.join(lines) + '\n')
+        out(f'Written to {path} (only you can read it).')
     return keys
+
+
+def demo_key_lines(fixtures, keys):
+    """One line per demo account: its name, role, what it does in the fixtures (the agents it owns, the jobs it
+    posts, its arbitrator), and its key."""
+    does = {name: [] for name in keys}
+    for agent in fixtures.get('agents', ()):
+        does[agent['owner']].append(f'owns agent {agent["name"]}')
+    for arbitrator in fixtures.get('arbitrators', ()):
+        does[arbitrator['owner']].append('arbitrates disputes')
+    posters = {job['requester'] for job in fixtures.get('jobs', ())}
+    roles = {account['name']: account.get('role', 'member') for account in fixtures['accounts']}
+    lines = []
+    for name, key in keys.items():
+        what = (['posts jobs'] if name in posters else []) + does[name] + \
+            (['may act on any job, agent or dispute'] if roles[name] == 'admin' else [])
+        lines.append(f'{name:<16} {roles[name]:<6} {", ".join(what) or "-":<40} {key}')
+    return lines
 
 
 ###############################################################################
@@ -537,6 +563,7 @@ def main(faces, argv=None):
     commands.add_parser('serve', parents=[common], help='serve the API')
     seeding = commands.add_parser('seed', parents=[common], help='load the demo fixtures into a new database')
     seeding.add_argument('--fixtures', default=str(HERE / 'fixtures' / 'demo.json'))
+    seeding.add_argument('--keys-file', help='also write the demo keys, with their roles, to this file (mode 0600)')
     backup = commands.add_parser('backup', parents=[common], help='online backup of the database to PATH')
     backup.add_argument('path')
     commands.add_parser('check-ledger', parents=[common], help='check that every job balances')
@@ -633,7 +660,7 @@ def main(faces, argv=None):
         return 0
     if args.command == 'seed':
         try:
-            seed(settings, args.fixtures, faces)
+            seed(settings, args.fixtures, faces, keys_file=args.keys_file)
         except RuntimeError as exc:
             print(f'seed: {exc}', file=sys.stderr)
             return 1
