@@ -14,8 +14,9 @@ from xml.etree.ElementTree import Element, SubElement, tostring
 
 from bottle import request, response
 
-from marketplace import (DECIMALS, JOB_SELECT, JOB_SORTS, __version__, agent_json, format_cents, get_agent, job_json,
-                         now_iso, parse_time, parse_uuid, query_choice, route, service)
+from marketplace import (DECIMALS, JOB_SELECT, JOB_SORTS, __version__, agent_json, cacheable, etag_matches,
+                         format_cents, get_agent, job_json, now_iso, parse_time, parse_uuid, query_choice, route,
+                         service)
 
 
 X402_EXTENSION = 'https://github.com/google-a2a/a2a-x402/v0.1'
@@ -151,10 +152,10 @@ def agent_card(agent, base_url):
     }
 
 
-@route('GET', '/api/agents/<agent_id>/card')
+@route('GET', '/api/agents/<agent_id>/card', limit=None)
 def show_agent_card(agent_id):
     svc = service()
-    return agent_card(get_agent(svc.db, parse_uuid(agent_id, 'agentId')), svc.settings.base_url)
+    return cacheable(agent_card(get_agent(svc.db, parse_uuid(agent_id, 'agentId')), svc.settings.base_url), 60)
 
 
 # The card's skills, which A2A's POST /message:send runs (a2a_binding.py), are the MCP tools with the same input
@@ -244,18 +245,12 @@ def cached_service_card(base_url, x402=None):
     return card, f'"{digest[:32]}"'
 
 
-def etag_matches(header, etag):
-    """Does an If-None-Match header name this ETag (weak comparison, as RFC 9110 asks)?"""
-    tags = [tag.strip().removeprefix('W/') for tag in header.split(',')]
-    return '*' in tags or etag in tags
-
-
-@route('GET', '/.well-known/agent-card.json')
-@route('GET', '/.well-known/agent.json')
+@route('GET', '/.well-known/agent-card.json', limit=None)
+@route('GET', '/.well-known/agent.json', limit=None)
 def show_service_card():
     svc = service()
     card, etag = cached_service_card(svc.settings.base_url, svc.x402 and svc.x402.card_terms())
-    response.set_header('Cache-Control', 'public, max-age=300')
+    response.set_header('Cache-Control', 'public, max-age=60')
     response.set_header('ETag', etag)
     if etag_matches(request.headers.get('If-None-Match', ''), etag):
         response.status = 304

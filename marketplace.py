@@ -247,9 +247,11 @@ SETTINGS = [
             "operator fee taken from each release, in percent (e.g. 2.5)"),
     Setting('open_registration', True, parse_bool,
             'allow POST /api/accounts and POST /api/agents/register without a key'),
-    Setting('rate_limits', 'on', parse_choice('on', 'off'), 'per-IP rate limits: on or off'),
+    Setting('rate_limits', 'on', parse_choice('on', 'off'), 'rate limits per endpoint, per address or key: on or off'),
     Setting('rate_limit_scale', 1.0, parse_positive(float),
             'multiply every rate limit by this (e.g. 10 for a busy private deployment)'),
+    Setting('keyed_rate_scale', 10.0, parse_positive(float),
+            'a caller with a key (or OAuth token) is counted per key, at this many times the limits'),
     Setting('max_agents_per_account', 20, parse_positive(int),
             'agents one account may register (admins too); one more is 409 too_many_agents'),
     Setting('trust_proxy', False, parse_bool,
@@ -2636,7 +2638,8 @@ def x402_exempt(account):
 # Rate limits #################################################################
 ###############################################################################
 
-# Requests per client IP per fixed one-hour window, by endpoint class.
+# Requests per fixed one-hour window, for each endpoint (method and route template), by the endpoint's class: per
+# client address without a key, per key (--keyed-rate-scale times as many) with one (CONTRACT.md 23).
 # Every write route has one (tests/test_abuse_edge.py walks ROUTES): Stripe's events are counted too, with room
 # for a busy day's retries, so a forged flood costs its sender, not the service.
 RATE_LIMITS = {
@@ -2665,7 +2668,7 @@ def address_group(ip):
 
 
 class RateLimiter:
-    """Fixed one-hour windows per (endpoint class, client IP), kept in memory."""
+    """Fixed one-hour windows per (endpoint, caller: an address group or a key), kept in memory."""
 
     def __init__(self, scale=1.0):
         self.scale = scale
@@ -2673,19 +2676,20 @@ class RateLimiter:
         self.counts = {}
         self.lock = threading.Lock()
 
-    def hit(self, bucket, client):
-        """Count one request of `client` (an IP, counted by its address_group); return (allowed, headers)."""
-        client = address_group(client)
+    def hit(self, bucket, client, endpoint='', scale=1.0):
+        """Count one request of `client` (an IP, counted by its address_group, or 'key:...') to `endpoint`, limited by
+        its class `bucket` times `scale`; return (allowed, headers)."""
+        client = client if client.startswith('key:') else address_group(client)
         moment = int(now().timestamp())
         window = moment // 3600
-        limit = max(1, int(RATE_LIMITS[bucket] * self.scale))
+        limit = max(1, int(RATE_LIMITS[bucket] * self.scale * scale))
         with self.lock:
             if window != self.window:
                 self.window, self.counts = window, {}
-            used = self.counts.get((bucket, client), 0)
+            used = self.counts.get((endpoint or bucket, client), 0)
             allowed = used < limit
             if allowed:
-                used = self.counts[(bucket, client)] = used + 1
+                used = self.counts[(endpoint or bucket, client)] = used + 1
         reset = (window + 1) * 3600
         headers = {'X-RateLimit-Limit': str(limit), 'X-RateLimit-Remaining': str(max(0, limit - used)),
                    'X-RateLimit-Reset': str(reset)}
@@ -2723,16 +2727,30 @@ def relayed_address(environ, secret):
 
 
 def count_request(bucket):
-    """Count this request in its rate-limit class (none: not limited; admins are not counted), with the
-    X-RateLimit-* headers; 429 over the limit."""
+    """Count this request against its endpoint's limit (its class `bucket`; none: not limited), with the
+    X-RateLimit-* headers; 429 over the limit. A caller with a key is counted per key, at --keyed-rate-scale times
+    the limit; admins are not counted; an unknown or revoked key is 401 before anything is counted."""
     svc = service()
-    if not bucket or svc.settings.rate_limits != 'on' or is_admin(caller()):
+    if not bucket or svc.settings.rate_limits != 'on':
         return
-    ok, headers = svc.limiter.hit(bucket, client_ip())
+    account = caller()
+    scheme, _, key = request.get_header('Authorization', '').partition(' ')
+    key = key.strip() if scheme.lower() == 'bearer' else ''
+    if account is None and key:
+        raise Unauthorized('The API key is unknown or revoked.')
+    if is_admin(account):
+        return
+    endpoint = f'{"GET" if request.method == "HEAD" else request.method} {route_template()}'
+    if account is not None:
+        who, scale = 'key:' + hash_key(key)[:32], svc.settings.keyed_rate_scale
+    else:
+        who, scale = client_ip(), 1.0
+    ok, headers = svc.limiter.hit(bucket, who, endpoint, scale)
     for name, value in headers.items():
         response.set_header(name, value)
     if not ok:
-        raise RateLimited(f'Too many requests; try again in {headers["Retry-After"]} seconds.')
+        raise RateLimited(f'Too many requests; try again in {headers["Retry-After"]} seconds.',
+                          extra={'retryAfter': int(headers['Retry-After'])})
 
 
 ###############################################################################
@@ -5165,7 +5183,7 @@ def health():
         # The health shape, with the error fields too, for clients that read every 5xx as an error.
         response.status = 503
         health.update(error='The database cannot be read.', code='unavailable')
-    return health
+    return cacheable(health, 1)
 
 
 def metrics_state(svc):
@@ -6015,6 +6033,26 @@ JSON_TYPE = 'application/json; charset=utf-8'
 def json_bytes(body):
     """An answer's JSON (orjson: several times faster than json for the job lists, make bench)."""
     return orjson.dumps(body)
+
+
+def etag_matches(header, etag):
+    """Does an If-None-Match header name this ETag (weak comparison, as RFC 9110 asks)?"""
+    tags = [tag.strip().removeprefix('W/') for tag in header.split(',')]
+    return '*' in tags or etag in tags
+
+
+def cacheable(body, max_age):
+    """A discovery document's answer (CONTRACT.md 23): `Cache-Control: max-age` and a strong ETag of its JSON; 304
+    without a body when If-None-Match names it. (Its route is not rate limited.)"""
+    raw = json_bytes(body)
+    etag = '"' + hashlib.sha256(raw).hexdigest()[:32] + '"'
+    response.set_header('Cache-Control', f'public, max-age={max_age}')
+    response.set_header('ETag', etag)
+    response.content_type = JSON_TYPE
+    if response.status_code == 200 and etag_matches(request.headers.get('If-None-Match', ''), etag):
+        response.status = 304
+        return b''
+    return raw
 
 
 def send_error(error):

@@ -11,7 +11,7 @@ import re
 
 from marketplace import (AGENT_SORTS, ARBITRATOR_STATUSES, CATEGORIES, COMPETITION_MODES, DECIMALS, JOB_SORTS,
                          JOB_STATUSES, MAX_OFFSET, OUTCOMES, RAILS, ROUTES, TIMELINE_KINDS, UNKEYED_ROUTES,
-                         WEBHOOK_FORMATS, __version__, openapi_path, route, service)
+                         WEBHOOK_FORMATS, __version__, cacheable, openapi_path, route, service)
 
 
 ###############################################################################
@@ -265,6 +265,8 @@ API_SCHEMAS = {
         'status': {'type': 'integer', 'minimum': 400, 'maximum': 599},
         'fields': {'type': 'object', 'additionalProperties': {'type': 'string'},
                    'description': 'What is wrong with each field, for validation errors.'},
+        'retryAfter': {'type': 'integer', 'minimum': 1,
+                       'description': 'On 429: the seconds until the window resets (as the Retry-After header).'},
         'paymentRequirements': closed_object({
             'payTo': ADDRESS_SCHEMA, 'amount': {'type': 'string', 'pattern': '^[0-9]+$',
                                                 'description': 'USDC base units (6 decimals).'},
@@ -284,7 +286,7 @@ API_SCHEMAS = {
                          'x402-priced call: true when the payment paid for a call (answered below 400); false when '
                          'it was taken for a call never so answered (only that call may send it again, for an hour '
                          'after it was taken).'},
-    }, optional=['fields', 'paymentRequirements', 'jobId', 'fundingTypedData', 'x402Version', 'accepts', 'checks',
+    }, optional=['fields', 'retryAfter', 'paymentRequirements', 'jobId', 'fundingTypedData', 'x402Version', 'accepts', 'checks',
                  'proofTypedData', 'paymentSpent']),
     'ProofTypedData': closed_object({
         'domain': closed_object({
@@ -848,7 +850,7 @@ API_OPERATIONS = {
                        '(or 503 `replica_lagging`), until it catches up.'},
     ('GET', '/api/x402'): {
         'summary': 'The endpoints priced for x402, their prices and how to pay', 'tags': ['Payments'],
-        'ok': (200, 'X402Info'), 'errors': (429,)},
+        'ok': (200, 'X402Info'), 'errors': ()},
     ('POST', '/api/x402'): {
         'summary': 'Check an x402 payment without taking it', 'tags': ['Payments'],
         'query': [{'name': 'endpoint', 'schema': {'type': 'string', 'examples': ['GET /api/jobs/match']},
@@ -865,7 +867,7 @@ API_OPERATIONS = {
         'ok': (200, 'Stats'), 'errors': (429,)},
     ('GET', '/api/openapi.json'): {
         'summary': 'This OpenAPI 3.1 document', 'tags': ['System'],
-        'ok': (200, 'OpenAPIDocument'), 'errors': (429,)},
+        'ok': (200, 'OpenAPIDocument'), 'errors': ()},
     ('GET', '/.well-known/oauth-protected-resource'): {
         'summary': 'OAuth protected resource metadata (RFC 9728) of /mcp', 'tags': ['OAuth'],
         'ok': (200, 'OAuthResource'), 'errors': (429,),
@@ -995,7 +997,7 @@ API_OPERATIONS = {
         'ok': (200, 'WebhookTemplates'), 'errors': (429,)},
     ('GET', '/api/agents/<agent_id>/card'): {
         'summary': "An agent's A2A agent card", 'tags': ['Discovery', 'Agents'],
-        'ok': (200, 'AgentCard'), 'errors': (400, 404, 429)},
+        'ok': (200, 'AgentCard'), 'errors': (400, 404)},
     ('GET', '/api/agents/match'): {
         'summary': 'Agents that suit a job, or a category and language', 'tags': ['Discovery', 'Agents'],
         'query': [{'name': 'job_id', 'schema': UUID_SCHEMA, 'description': 'Match agents to this job.'},
@@ -1231,10 +1233,10 @@ API_OPERATIONS = {
         'errors': (400, 401, 403, 413, 429)},
     ('GET', '/.well-known/agent-card.json'): {
         'summary': "The service's A2A agent card", 'tags': ['Discovery'],
-        'ok': (200, 'ServiceCard'), 'errors': (429,)},
+        'ok': (200, 'ServiceCard'), 'errors': ()},
     ('GET', '/.well-known/agent.json'): {
         'summary': "The service's A2A agent card (legacy address)", 'tags': ['Discovery'],
-        'ok': (200, 'ServiceCard'), 'errors': (429,)},
+        'ok': (200, 'ServiceCard'), 'errors': ()},
 }
 
 API_TAGS = [
@@ -1473,6 +1475,6 @@ def openapi_document(base_url, prices=()):
     }
 
 
-@route('GET', '/api/openapi.json')
+@route('GET', '/api/openapi.json', limit=None)
 def get_openapi():
-    return service().openapi
+    return cacheable(service().openapi, 60)

@@ -18,8 +18,8 @@ import apsw
 import requests
 from bottle import request, response
 
-from marketplace import (APIError, BadRequest, NETWORK_BY_CHAIN, NotFound, X402_NEEDS_CHAIN, hash_key, log, new_id,
-                         now, now_iso, openapi_path, parse_time, payment_error, read_raw_body, route, route_of,
+from marketplace import (APIError, BadRequest, NETWORK_BY_CHAIN, NotFound, X402_NEEDS_CHAIN, cacheable, hash_key, log,
+                         new_id, now, now_iso, openapi_path, parse_time, payment_error, read_raw_body, route, route_of,
                          service, used_payment, x402_pay_to)
 from openapi_spec import API_OPERATIONS
 from verifier.errors import ChainUnavailable, VerificationError
@@ -530,8 +530,13 @@ def wallet_account(db, address):
     return account
 
 
-@route('GET', '/api/x402')
+@route('GET', '/api/x402', limit=None)
 def get_x402():
+    """What x402 prices here, a discovery document: not rate limited, cacheable for a minute (ETag)."""
+    return cacheable(x402_terms(), 60)
+
+
+def x402_terms():
     svc = service()
     x402 = svc.x402
     if x402 is None:

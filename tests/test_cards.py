@@ -170,7 +170,7 @@ def test_both_paths_give_the_same_card_and_etag(client):
 @pytest.mark.parametrize('path', CARD_PATHS)
 def test_service_card_cache_headers(client, path):
     answer = client.get(path)
-    assert header(answer, 'Cache-Control') == 'public, max-age=300'
+    assert header(answer, 'Cache-Control') == 'public, max-age=60'
     etag = header(answer, 'ETag')
     assert etag.startswith('"') and etag.endswith('"') and not etag.startswith('W/')
     assert header(client.get(path), 'ETag') == etag
@@ -183,7 +183,7 @@ def test_if_none_match_answers_304_without_a_body(client, path):
     assert answer.status == 304
     assert answer.body == b''
     assert header(answer, 'ETag') == etag
-    assert header(answer, 'Cache-Control') == 'public, max-age=300'
+    assert header(answer, 'Cache-Control') == 'public, max-age=60'
     assert header(answer, 'Content-Type') is None
 
 

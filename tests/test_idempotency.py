@@ -276,7 +276,7 @@ def test_errors_of_the_service_are_not_stored(client, app):
     _, api_key = make_account(client)
     key = new_key()
     app.service.settings.rate_limits = 'on'
-    app.service.limiter.scale = 0.05        # one post an hour
+    app.service.limiter.scale = 0.005       # one post an hour (for a key: 20 x 10 x 0.005)
     try:
         assert keyed(client, 'POST', '/api/jobs', job_body(), api_key).status == 201
         limited = keyed(client, 'POST', '/api/jobs', job_body(), api_key, key)
