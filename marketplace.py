@@ -241,6 +241,7 @@ SETTINGS = [
     Setting('db', 'marketplace.db', str, 'path of the SQLite database file (the whole state)'),
     Setting('public_url', '', str,
             'base of the absolute URLs in responses (default http://HOST:PORT)'),
+    Setting('site_name', 'Job Marketplace', str, "the site's name on its pages (their titles and header)"),
     Setting('admin_key', '', str,
             'an API key (32+ characters) made an admin key at start-up; best given as the env var'),
     Setting('fee_percent', Decimal('0'), parse_percent,

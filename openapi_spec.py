@@ -1137,6 +1137,8 @@ API_OPERATIONS = {
     ('GET', '/static/swagger-ui/swagger-ui.css'): {
         'summary': "Swagger UI's stylesheet", 'tags': ['Pages'], 'ok': (200, None), 'media': ['text/css'],
         'errors': ()},
+    ('GET', '/static/favicon.svg'): {
+        'summary': "The pages' icon", 'tags': ['Pages'], 'ok': (200, None), 'media': ['image/svg+xml'], 'errors': ()},
     ('GET', '/static/board.js'): {
         'summary': "The board's script (new jobs from the live stream)", 'tags': ['Pages'], 'ok': (200, None),
         'media': ['text/javascript'], 'errors': ()},

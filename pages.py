@@ -42,6 +42,7 @@ from marketplace import (AGENT_HISTORY, AGENT_SELECT, AGENT_SORTS, APIError, ARB
 
 TEMPLATES = HERE / 'templates'
 STYLESHEET = HERE / 'static' / 'style.css'
+FAVICON = HERE / 'static' / 'favicon.svg'
 BOARD_SCRIPT = HERE / 'static' / 'board.js'      # a file, not inline: the pages' CSP runs no inline script
 API_DOCS_SCRIPT = HERE / 'static' / 'api-docs.js'
 # Swagger UI's built files, shipped by the pinned swagger-ui-py package (requirements.txt), found without importing it
@@ -90,7 +91,12 @@ def render(name, **values):
         response.set_header(*hsts)
     return bottle.template(name, template_lookup=[str(TEMPLATES)], when=when, explorer=explorer,
                            dashboard=stripe_dashboard(svc.settings), csrf=csrf_token, form_key=new_form_key,
-                           **values)
+                           site_name=svc.settings.site_name, short=short_hash, **values)
+
+
+def short_hash(value):
+    """A transaction hash as a table shows it: its start and end (the whole on hover and in its link)."""
+    return value if len(value) <= 20 else f'{value[:10]}…{value[-6:]}'
 
 
 def new_form_key():
@@ -135,6 +141,14 @@ def stylesheet():
     response.content_type = 'text/css; charset=utf-8'
     response.set_header('Cache-Control', 'public, max-age=3600')
     return STYLESHEET.read_bytes()
+
+
+@route('GET', '/static/favicon.svg', limit=None)
+def favicon():
+    """The pages' icon."""
+    response.content_type = 'image/svg+xml'
+    response.set_header('Cache-Control', 'public, max-age=86400')
+    return FAVICON.read_bytes()
 
 
 @route('GET', '/static/board.js', limit=None)

@@ -63,9 +63,29 @@
     });
   }
 
+  // A copy button (the new key's), shown only where the script runs.
+  function copyButtons() {
+    Array.prototype.forEach.call(document.querySelectorAll('button[data-copy]'), function (button) {
+      var field = document.getElementById(button.getAttribute('data-copy'));
+      if (!field || !navigator.clipboard) {
+        return;
+      }
+      button.hidden = false;
+      button.addEventListener('click', function () {
+        navigator.clipboard.writeText(field.value).then(function () {
+          button.textContent = 'Copied';
+        }, function () {
+          field.select();
+          button.textContent = 'Select it and copy (Ctrl+C)';
+        });
+      });
+    });
+  }
+
   document.addEventListener('DOMContentLoaded', function () {
     focusFirstError();
     walletSigning();
     releaseSigning();
+    copyButtons();
   });
 }());

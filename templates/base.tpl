@@ -3,7 +3,8 @@
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{{title}} · Job Marketplace</title>
+<title>{{title}} · {{site_name}}</title>
+<link rel="icon" href="/static/favicon.svg" type="image/svg+xml">
 <link rel="stylesheet" href="/static/style.css">
 % for sheet in get('stylesheets', ()):
 <link rel="stylesheet" href="{{sheet}}">
@@ -20,7 +21,7 @@
 </head>
 <body>
 <header class="top">
-  <a class="brand" href="/">Job Marketplace</a>
+  <a class="brand" href="/">{{site_name}}</a>
   <nav><a href="/">Jobs</a> <a href="/agents">Agents</a> <a href="/arbitrators">Arbitrators</a> <a href="/api/docs">API</a></nav>
   <nav class="account" aria-label="Your account">
 % if get('viewer'):

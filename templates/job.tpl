@@ -141,7 +141,11 @@
 % if payment['reference']:
         <td class="tx">{{!'<a href="' + dashboard(payment['reference']) + '">' if dashboard and dashboard(payment['reference']) else ''}}Stripe {{payment['reference']}}{{!'</a>' if dashboard and dashboard(payment['reference']) else ''}}</td></tr>
 % else:
-        <td class="tx">{{!'<a href="' + explorer + '/tx/' + payment['txHash'] + '">' if payment['txHash'] and explorer else ''}}{{payment['txHash'] or ('pending at Stripe' if payment['status'] == 'pending' and payment['rail'] == 'stripe' and dashboard else 'ledger only (' + payment['rail'] + ')')}}{{!'</a>' if payment['txHash'] and explorer else ''}}</td></tr>
+% if payment['txHash']:
+        <td class="tx" title="{{payment['txHash']}}">{{!'<a href="' + explorer + '/tx/' + payment['txHash'] + '">' if explorer else ''}}{{short(payment['txHash'])}}{{!'</a>' if explorer else ''}}</td></tr>
+% else:
+        <td class="tx">{{'pending at Stripe' if payment['status'] == 'pending' and payment['rail'] == 'stripe' and dashboard else 'ledger only (' + payment['rail'] + ')'}}</td></tr>
+% end
 % end
 % end
     </tbody>

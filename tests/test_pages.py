@@ -672,9 +672,12 @@ def test_on_chain_transaction_hashes_link_to_the_chains_explorer(onchain, chain_
 
     page = get_page(market.client, f'/jobs/{job["id"]}')
     rows = payment_rows(page)
+    short = lambda tx_hash: f'{tx_hash[:10]}…{tx_hash[-6:]}'     # noqa: E731 (the table shows a hash short)
     assert [(cells[1], cells[2], cells[3], cells[4], link) for cells, link in rows] == [
-        ('escrow', '25.00 USDC', 'confirmed', funding, f'{explorer}/tx/{funding}'),
-        ('release', '25.00 USDC', 'pending', release['txHash'], f'{explorer}/tx/{release["txHash"]}')]
+        ('escrow', '25.00 USDC', 'confirmed', short(funding), f'{explorer}/tx/{funding}'),
+        ('release', '25.00 USDC', 'pending', short(release['txHash']), f'{explorer}/tx/{release["txHash"]}')]
+    assert [cell.attrs['title'] for cell in page.find_all('td') if 'tx' in cell.attrs.get('class', '')][:2] == \
+        [funding, release['txHash']]              # the whole hash on hover
     events = {e['what']: e for e in timeline(page)}
     for what, tx_hash in (('Escrow locked', funding), ('Paid to the worker', release['txHash'])):
         span = events[what]['tx']
@@ -969,6 +972,24 @@ def test_stylesheet_is_served_cached_and_unchanged(client):
     assert b'.timeline' in answer.body and len(answer.body) > 1000
 
 
+def test_the_site_name_and_the_icon_are_on_every_page(tmp_path):
+    settings = mp.Settings(db=str(tmp_path / 'named.db'), rate_limits='off', public_url='http://market.test',
+                           site_name='Acme Agents & Co')
+    app = wiring.make_app(settings)
+    try:
+        client = Client(app)
+        page = get_page(client, '/')
+        assert page.find('title').text() == 'Open jobs · Acme Agents & Co'
+        assert page.find('a', 'brand').text() == 'Acme Agents & Co'
+        [icon] = [link for link in page.find_all('link') if link.attrs.get('rel') == 'icon']
+        assert (icon.attrs['href'], icon.attrs['type']) == ('/static/favicon.svg', 'image/svg+xml')
+        answer = client.get('/static/favicon.svg')
+        assert (answer.status, answer.headers['Content-Type']) == (200, 'image/svg+xml')
+        assert answer.body == (mp.HERE / 'static' / 'favicon.svg').read_bytes() and answer.body.startswith(b'<svg')
+    finally:
+        app.service.close()
+
+
 def rate_limited_client(tmp_path, scale=1.0):
     settings = mp.Settings(db=str(tmp_path / f'limited{scale}.db'), rate_limits='on', rate_limit_scale=scale,
                            admin_key=ADMIN_KEY, public_url='http://market.test', allow_private_webhooks=True)
@@ -984,13 +1005,13 @@ def test_pages_have_their_own_bucket_of_600_per_hour(tmp_path):
         assert (header(page, 'X-RateLimit-Limit'), header(page, 'X-RateLimit-Remaining')) == ('600', '599')
         api = client.get('/api/jobs')
         assert (header(api, 'X-RateLimit-Limit'), header(api, 'X-RateLimit-Remaining')) == ('60', '59')
-        for path, remaining in (('/agents', '598'), ('/arbitrators', '597'), (f'/jobs/{UNKNOWN_ID}', '596'),
-                                ('/?min_pay=abc', '595')):
+        for path, remaining in (('/agents', '599'), ('/arbitrators', '599'), (f'/jobs/{UNKNOWN_ID}', '599'),
+                                ('/?min_pay=abc', '598')):           # each page (route) its own count
             answer = client.get(path)
             assert answer.headers['Content-Type'] == HTML, path
             assert (header(answer, 'X-RateLimit-Limit'), header(answer, 'X-RateLimit-Remaining')) == \
                 ('600', remaining), path
-        assert header(client.get('/api/agents'), 'X-RateLimit-Remaining') == '58'
+        assert header(client.get('/api/agents'), 'X-RateLimit-Remaining') == '59'     # each endpoint its own
         style = client.get('/static/style.css')
         assert style.status == 200
         assert not any(name.lower().startswith('x-ratelimit') for name in style.headers)
@@ -1003,7 +1024,7 @@ def test_an_exhausted_page_bucket_leaves_the_api_and_the_stylesheet_alone(tmp_pa
     try:
         for _ in range(6):
             assert client.get('/').status == 200
-        refused = client.get('/agents')
+        refused = client.get('/')
         assert refused.status == 429, refused
         assert header(refused, 'X-RateLimit-Limit') == '6' and int(header(refused, 'Retry-After')) >= 1
         assert client.get('/api/jobs').status == 200

@@ -77,6 +77,10 @@ def browser(app):
 def test_sign_up_shows_the_key_once_and_signs_in_with_a_session_cookie_whose_hash_alone_is_stored(app, browser):
     answer, key = sign_up(browser)
     assert key.startswith('mk_')
+    page = Page(answer)         # every character readable (a code block), and a copy button forms.js shows
+    assert page.find('p', 'key-text').find('code').text() == key
+    [copy] = [button for button in page.find_all('button') if button.attrs.get('data-copy') == 'api-key']
+    assert 'hidden' in copy.attrs
     cookie = set_cookie_header(answer)
     assert cookie.startswith('mk_session=') and 'HttpOnly' in cookie and 'SameSite=lax' in cookie.replace('Lax', 'lax')
     assert 'Secure' not in cookie and 'Path=/' in cookie
