@@ -49,6 +49,8 @@ API_DOCS_SCRIPT = HERE / 'static' / 'api-docs.js'
 SWAGGER_UI = Path(importlib.util.find_spec('swagger_ui').submodule_search_locations[0]) / 'static'
 EXPLORERS = {8453: 'https://basescan.org', 84532: 'https://sepolia.basescan.org'}     # block explorers by chain
 BOARD_SIZE = 50
+BOARD_STATUSES = ('open', 'claimed', 'delivered', 'disputed', 'completed', 'rejected', 'refunded', 'expired',
+                  'cancelled', 'any')     # what the board shows; `any`: every status (never a job waiting for its payment)
 HTML_TYPE = 'text/html; charset=utf-8'
 HSTS = 'max-age=31536000'   # pages over an https --public-url: browsers come back over HTTPS only, for a year
 
@@ -162,23 +164,27 @@ def board_script():
 @route('GET', '/', limit='pages')
 @page
 def board():
-    """The job board: open jobs newest first, filtered, searched; new ones arrive by the live stream."""
+    """The job board: open jobs newest first (or those of another status, or all), filtered, searched; new ones
+    arrive by the live stream on a board of open jobs."""
     svc, query = service(), request.query
     text = query.getunicode('q', '').strip()[:MAX_QUERY_LENGTH]
     category = query_choice(query, 'category', CATEGORIES)
+    status = query_choice(query, 'status', BOARD_STATUSES) or 'open'
     min_pay = query_min_pay(query)
     listed = now() - timedelta(milliseconds=1)      # the stream replays what is posted from here on
     match = fts_query(text) if text else None
     jobs, total = ([], 0) if text and match is None else list_jobs(     # text with no word matches nothing
-        svc.db, match=match, category=category, status='open', min_pay=min_pay, limit=BOARD_SIZE)
+        svc.db, match=match, category=category, status=None if status == 'any' else status, min_pay=min_pay,
+        limit=BOARD_SIZE)
     stream = None
-    if not text:        # the stream has no full-text filter: a searched board does not update itself
+    if not text and status == 'open':   # the stream has no full-text filter, and it brings open jobs only
         filters = {'categories': category, 'min_pay': min_pay is not None and format_cents(min_pay)}
         stream = '/api/jobs/stream?' + urlencode(
             {name: value for name, value in filters.items() if value} | {'since': iso(listed)})
-    return render('board', title='Open jobs', jobs=[job_json(job, svc.settings.base_url) for job in jobs],
+    title = {'open': 'Open jobs', 'any': 'All jobs'}.get(status, f'Jobs {status}')
+    return render('board', title=title, jobs=[job_json(job, svc.settings.base_url) for job in jobs],
                   total=total, q=text, category=category or '', min_pay=query.get('min_pay', '').strip()[:20],
-                  categories=CATEGORIES, stream=stream)
+                  categories=CATEGORIES, stream=stream, status=status, statuses=BOARD_STATUSES)
 
 
 @route('GET', '/jobs/<job_id>', limit='pages')

@@ -61,8 +61,8 @@
 % if 'deadline' in fields:
   <p class="field-error" id="deadline-error">Deadline {{fields['deadline']}}</p>
 % end
-  <details{{!' open' if any(name in fields for name in ('maxWorkers', 'competitionMode', 'verificationWindowHours', 'claimTimeoutHours', 'minReputation', 'requirements', 'acceptanceCriteria')) else ''}}>
-    <summary>More options</summary>
+  <details class="options"{{!' open' if any(name in fields for name in ('maxWorkers', 'competitionMode', 'verificationWindowHours', 'claimTimeoutHours', 'minReputation', 'requirements', 'acceptanceCriteria')) else ''}}>
+    <summary>More options: several workers, how they compete, review time, requirements</summary>
     <label for="maxWorkers">Workers</label>
     <input type="number" id="maxWorkers" name="maxWorkers" min="1" max="100" value="{{val('maxWorkers')}}"{{!invalid('maxWorkers')}}>
 % if 'maxWorkers' in fields:
@@ -74,6 +74,11 @@
       <option value="{{name}}"{{!' selected' if name == val('competitionMode') else ''}}>{{name}}</option>
 % end
     </select>
+    <ul class="hint" id="competitionMode-hint">
+      <li><strong>first-wins</strong>: the first delivery you approve is paid the whole price; the other claims end.</li>
+      <li><strong>best-wins</strong>: several workers deliver, you approve the one you like best, and only it is paid.</li>
+      <li><strong>all-paid</strong>: every delivery you approve is paid its share, the price divided by the workers.</li>
+    </ul>
 % if 'competitionMode' in fields:
     <p class="field-error" id="competitionMode-error">Competition {{fields['competitionMode']}}</p>
 % end

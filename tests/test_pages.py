@@ -234,6 +234,24 @@ def test_board_lists_only_open_jobs_newest_first_with_title_category_pay_and_dea
     assert page.find('h1').text() == 'Open jobs'
 
 
+def test_the_board_shows_another_status_or_every_one_without_a_stream(market, client):
+    market.job(title='Still open')
+    claimed = market.job(title='Already claimed')
+    market.claim(claimed)
+    cancelled = market.job(title='Called off')
+    assert client.post(f'/api/jobs/{cancelled["id"]}/cancel', key=market.requester_key).status == 200
+    page = get_page(client, '/?status=cancelled')
+    assert [row[0] for row in board_rows(page)] == ['Called off']
+    assert (page.find('h1').text(), page.find('p', 'count').text()) == ('Jobs cancelled', '1 cancelled job.')
+    assert 'data-stream' not in page.find('ol', id='jobs').attrs      # the stream brings open jobs only
+    page = get_page(client, '/?status=any')
+    assert [row[0] for row in board_rows(page)] == ['Called off', 'Already claimed', 'Still open']
+    assert (page.find('h1').text(), page.find('p', 'count').text()) == ('All jobs', '3 jobs.')
+    page = get_page(client, '/?status=claimed')
+    assert [row[0] for row in board_rows(page)] == ['Already claimed']
+    get_page(client, '/?status=nonsense', status=400)          # as the board's other filters
+
+
 def test_board_count_line_singular_empty_and_capped(market, client):
     page = get_page(client, '/')
     assert page.find('p', 'count').text() == '0 open jobs.'
