@@ -544,8 +544,9 @@ def main(faces, argv=None):
                                     help="restore --db (a new path) from Litestream's --replica-url, then check it")
     restoring.add_argument('--timestamp', help='the moment to restore, ISO 8601 (default: the latest)')
     commands.add_parser('sweep', parents=[common], help='run the expire and auto-verify sweeps once (for cron)')
-    commands.add_parser('mcp', parents=[common],
-                        help='a Model Context Protocol server on stdio for agents, over the API at --url')
+    mcp = commands.add_parser('mcp', parents=[common],
+                              help='a Model Context Protocol server on stdio for agents, over the API at --url')
+    mcp.add_argument('--http-fd', type=int, help=argparse.SUPPRESS)     # serve's child for /mcp (remote_mcp.py)
     keys = commands.add_parser('keys', help='manage API keys').add_subparsers(dest='keys_command', required=True)
     create = keys.add_parser('create', parents=[common], help='create an account and print its key')
     create.add_argument('--name', required=True, type=read_name)      # as the API reads names
@@ -583,7 +584,7 @@ def main(faces, argv=None):
     if settings.read_replica_of and args.command != 'serve':
         parser.error('--read-replica-of is for serve: a replica only reads; run this command on the primary')
     if args.command == 'mcp':
-        faces.run_mcp(settings.url, settings.api_key, settings.mcp_timeout)
+        faces.run_mcp(settings.url, settings.api_key, settings.mcp_timeout, args.http_fd)
         return 0
     if args.command == 'serve' and settings.replica_url and not os.environ.get(replication.UNDER_LITESTREAM):
         try:        # becomes litestream, which runs this same command as its child (marked UNDER_LITESTREAM)

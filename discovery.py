@@ -157,48 +157,66 @@ def show_agent_card(agent_id):
     return agent_card(get_agent(svc.db, parse_uuid(agent_id, 'agentId')), svc.settings.base_url)
 
 
+# The card's skills, which A2A's POST /message:send runs (a2a_binding.py), are the MCP tools with the same input
+# (tests/test_a2a.py checks the names against mcp_server.TOOL_OPERATIONS: the mcp SDK is never loaded by `serve`,
+# so they are listed here): id -> (name, what it does, tags).
+SKILLS = {
+    'list_jobs': ('List jobs', 'List jobs, filtered by status (e.g. open), category and minimum pay.', ['jobs']),
+    'search_jobs': ('Search jobs', 'Full-text search over job titles and descriptions.', ['jobs', 'search']),
+    'get_job': ('Get a job', 'One job with its claims, payments and timeline.', ['jobs']),
+    'post_job': ('Post a job', 'Post a paid job; its payment is locked in escrow until the work is approved, '
+                               'rejected or the deadline passes.', ['jobs', 'escrow', 'payments']),
+    'claim_job': ('Claim a job', 'Claim an open job for one of your agents.', ['claim']),
+    'deliver_job': ('Deliver work', 'Deliver the result of a claim (a URL and notes).', ['deliver']),
+    'verify_delivery': ('Verify a delivery', 'Approve a delivery (the worker is paid) or reject it (refunded).',
+                        ['payments', 'escrow']),
+    'open_dispute': ('Open a dispute', 'Dispute a delivery: arbitrators decide who is paid.', ['disputes']),
+    'cast_vote': ('Vote on a dispute', 'Vote on a dispute as one of its panel\'s arbitrators.', ['disputes']),
+    'get_agent': ('Get an agent', "An agent's profile, reputation and recent claims.", ['agents']),
+    'match_jobs': ('Match jobs', 'Open jobs that suit some categories and languages, best first.', ['match']),
+    'service_health': ('Service health', 'Whether the service is up and how it takes payments.', ['health']),
+    'register_agent': ('Register an agent', 'Register an agent (and its wallet) for your account.', ['agents']),
+    'my_claims': ('My claims', 'Your claims, newest first, each with its job.', ['claim']),
+    'get_dispute': ('Get a dispute', 'One dispute with its job, claim, votes and outcome.', ['disputes']),
+}
+
+
 def service_card(base_url, x402=None):
     """The service's own A2A v1.0.0 agent card; with x402 terms (X402.card_terms), it advertises pay-per-call."""
     card = {
         'name': 'Job Marketplace',
         'description': 'A job marketplace for AI agents: post paid jobs held in escrow, find and claim work, '
                        'deliver it and get paid; disputes are settled by arbitrators. Reads need no key; '
-                       'writes need an API key as a Bearer token.',
+                       'writes need an API key as a Bearer token. Each skill is run by POST /message:send; new jobs '
+                       'also come by the RSS/Atom feed (GET /api/jobs/feed) and the live stream (GET '
+                       '/api/jobs/stream), and the same tools are served over MCP at /mcp.',
         'version': __version__,
         'supportedInterfaces': [{'url': base_url, 'protocolBinding': 'HTTP+JSON', 'protocolVersion': '1.0'}],
         'provider': {'organization': 'Job Marketplace', 'url': base_url},
         'capabilities': {'streaming': True, 'pushNotifications': True},
         'defaultInputModes': ['application/json'],
         'defaultOutputModes': ['application/json'],
-        'skills': [
-            {'id': 'post-job', 'name': 'Post a job',
-             'description': 'Post a paid job (POST /api/jobs); its payment is locked in escrow until the work '
-                            'is approved, rejected or the deadline passes.',
-             'tags': ['jobs', 'escrow', 'payments'],
-             'examples': ['Post a code job paying 25.00 USDC, due in two days: fix the flaky test.',
-                          'Approve the delivery on my job and release the payment.']},
-            {'id': 'find-work', 'name': 'Find work',
-             'description': 'Find open jobs: search (GET /api/jobs/search), match to an agent '
-                            '(GET /api/jobs/match), the RSS/Atom feed (GET /api/jobs/feed) and the live '
-                            'stream of new jobs (GET /api/jobs/stream).',
-             'tags': ['search', 'match', 'feed', 'stream'],
-             'examples': ['Find open Python jobs paying at least 10 USDC.',
-                          'Notify me of every new data job as it is posted.']},
-            {'id': 'deliver-work', 'name': 'Deliver work',
-             'description': 'Claim a job (POST /api/jobs/:id/claim), deliver the result '
-                            '(POST /api/jobs/:id/deliver) and get paid to the agent wallet on approval.',
-             'tags': ['claim', 'deliver', 'payments'],
-             'examples': ['Claim this job for my agent.', 'Deliver https://example.com/report.pdf for my claim.']},
-            {'id': 'arbitrate', 'name': 'Arbitrate disputes',
-             'description': 'Register as an arbitrator (POST /api/arbitrators) and vote on open disputes '
-                            '(POST /api/disputes/:id/vote); the majority decides.',
-             'tags': ['disputes', 'arbitration', 'votes'],
-             'examples': ['List the open disputes.', 'Vote for the worker on this dispute.']},
-        ],
+        # Each skill runs through POST /message:send: a data part {"skill": <id>, "input": {...}}, the input as the
+        # MCP tool of the same name takes it (GET /api/openapi.json and /mcp's tools/list describe them).
+        'skills': [{'id': skill, 'name': name, 'description': description, 'tags': tags,
+                    'examples': [f'{{"skill": "{skill}", "input": {{...}}}}']}
+                   for skill, (name, description, tags) in SKILLS.items()],
         'securitySchemes': {'bearerAuth': {'httpAuthSecurityScheme': {
-            'scheme': 'Bearer', 'description': 'An API key: Authorization: Bearer <key>. Needed to write; '
-                                               'reads are public.'}}},
-        'securityRequirements': [{'schemes': {'bearerAuth': {'list': []}}}],
+            'scheme': 'Bearer', 'description': 'An API key, or an OAuth access token (authorization server: '
+                                               f'{base_url}/.well-known/oauth-authorization-server). Needed for '
+                                               'messages and to write; reads of the API are public.'}},
+                            'oauth': {'oauth2SecurityScheme': {
+                                'description': 'OAuth 2.1 for hosts that sign a person in (PKCE S256, public '
+                                               'clients registered at /oauth/register): its access token is a '
+                                               'Bearer token.',
+                                'oauth2MetadataUrl': f'{base_url}/.well-known/oauth-authorization-server',
+                                'flows': {'authorizationCode': {
+                                    'authorizationUrl': f'{base_url}/oauth/authorize',
+                                    'tokenUrl': f'{base_url}/oauth/token', 'refreshUrl': f'{base_url}/oauth/token',
+                                    'scopes': {'marketplace': 'Act as the approving account, as its API key '
+                                                              'does (the only scope: it may be left out).'},
+                                    'pkceRequired': True}}}}},
+        'securityRequirements': [{'schemes': {'bearerAuth': {'list': []}}}, {'schemes': {'oauth': {'list': []}}}],
         'documentationUrl': f'{base_url}/api/openapi.json',
         # For A2A clients older than 1.0, which read these instead of supportedInterfaces.
         'url': base_url,

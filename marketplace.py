@@ -2555,9 +2555,24 @@ def live_key(db, key):
     return row.pop('key_id'), row
 
 
+ACCESS_TOKEN_PREFIX = 'mat_'    # an OAuth access token (oauth.py), taken by the API as a key is (CONTRACT 22)
+
+
 def account_for_key(db, key):
-    """The account of a live key, or None for an unknown or revoked key."""
-    return live_key(db, key)[1]
+    """The account of a live key, or of a live OAuth access token (unexpired, its grant not revoked, and the key
+    whose session approved the grant not revoked); None otherwise."""
+    if not key.startswith(ACCESS_TOKEN_PREFIX):
+        return live_key(db, key)[1]
+    digest = hash_key(key)
+    row = db.row('''SELECT a.id, a.name, a.role, a.x402_exempt, t.token_hash FROM oauth_tokens t
+                    JOIN oauth_grants g ON g.id = t.grant_id AND g.revoked_at IS NULL
+                    JOIN api_keys k ON k.id = g.key_id AND k.revoked_at IS NULL
+                    JOIN accounts a ON a.id = g.account_id
+                    WHERE t.token_hash = :digest AND t.kind = 'access' AND t.expires_at > :now''',
+                 {'digest': digest, 'now': now_iso()})
+    if row is None or not hmac.compare_digest(row.pop('token_hash'), digest):
+        return None
+    return row
 
 
 def caller():
@@ -2629,6 +2644,8 @@ RATE_LIMITS = {
     'votes': 30, 'arbitrators': 10, 'webhook_test': 10, 'sweeps': 60, 'pages': 600,
     'decisions': 30, 'account_admin': 30, 'stripe_events': 3600,
     'signin': 30,       # the pages' POST /signin and /signup: API keys are not guessed, accounts not made in bulk
+    'oauth': 120,       # POST /oauth/token: codes and refresh tokens exchanged (a host refreshes once an hour)
+    'mcp': 600,         # /mcp requests (a tool's own API call counts again, in its class, for the same caller)
 }
 
 
@@ -2689,8 +2706,20 @@ def client_address(environ, trust_proxy):
 
 
 def client_ip():
-    """The caller's IP, as the rate limits count it (client_address of this request)."""
-    return client_address(request.environ, service().settings.trust_proxy)
+    """The caller's IP, as the rate limits count it (client_address of this request); for an API call of the MCP
+    child (remote_mcp.py), the address of the caller it acts for, which it carries signed (relayed_address)."""
+    svc = service()
+    return relayed_address(request.environ, svc.relay_secret) or client_address(request.environ,
+                                                                                svc.settings.trust_proxy)
+
+
+def relayed_address(environ, secret):
+    """The caller's address an API call from the MCP child carries (X-Marketplace-Relay: 'secret address'), or None
+    when it carries none or the secret is not this process's."""
+    relayed, _, address = environ.get('HTTP_X_MARKETPLACE_RELAY', '').partition(' ')
+    if relayed and hmac.compare_digest(relayed.encode(), secret.encode()):
+        return address.strip() or None
+    return None
 
 
 def count_request(bucket):
@@ -2716,7 +2745,13 @@ IDEMPOTENCY_KEY = re.compile(r'[\x20-\x7e]{1,255}')
 IDEMPOTENCY_KEEP = timedelta(hours=24)
 # Routes that ignore the header, and why (tests/test_idempotency.py walks ROUTES for the others).
 UNKEYED_ROUTES = {('POST', '/api/stripe/webhook'): 'Stripe sends no Idempotency-Key: its events are applied once by '
-                                                  'their event id already.'}
+                                                  'their event id already.',
+                  ('POST', '/mcp'): 'MCP hosts send none: each tool call carries its own Idempotency-Key to the API.',
+                  ('POST', '/oauth/register'): 'OAuth clients send none: a registration made twice is two clients.',
+                  ('POST', '/oauth/token'): 'OAuth clients send none: a code is used once, a refresh token too.',
+                  ('POST', '/message\\:send'): 'A2A clients send none: a message is answered with its own task.',
+                  ('POST', '/message\\:stream'): 'A2A clients send none: a message is answered with its own task.',
+                  ('POST', '/tasks/<task_id>\\:cancel'): 'A2A clients send none: it changes nothing.'}
 # What a replay gives back besides the status and the body; the rate-limit headers are the replay's own.
 REPLAYED_HEADERS = ('Content-Type', 'Location', 'X-PAYMENT-RESPONSE', 'PAYMENT-RESPONSE')
 # Answers not stored, besides 5xx: 429, and 402, for a call refused for its payment is sent again with a payment
@@ -5041,8 +5076,9 @@ def route(method, path, limit=_READ):
 
 
 def openapi_path(path):
-    """A route path in OpenAPI form: /api/jobs/<job_id> becomes /api/jobs/{job_id}."""
-    return re.sub(r'<(\w+)>', r'{\1}', path)
+    """A route path in OpenAPI form: /api/jobs/<job_id> (or <job_id:re:...>) becomes /api/jobs/{job_id}, and
+    bottle's escaped colon (/message\\:send) a colon."""
+    return re.sub(r'<(\w+)(?::[^>]*)?>', r'{\1}', path).replace('\\:', ':')
 
 
 def service():
@@ -5821,6 +5857,24 @@ def get_disputes():
             'total': db.value('SELECT count(*) FROM disputes d' + clause, params), 'limit': limit, 'offset': offset}
 
 
+@route('GET', '/api/claims')
+def my_claims():
+    """The caller's claims (those of its agents), newest first, each with its job: what its agents hold, deliver or
+    wait on (MCP's my_claims)."""
+    account = require_account()
+    limit, offset = page_params(request.query)
+    svc = service()
+    mine, params = 'c.agent_id IN (SELECT id FROM agents WHERE account_id = :account)', {'account': account['id']}
+    claims = readable_claims(svc.db, f'{mine} ORDER BY c.created_at DESC, c.rowid DESC LIMIT :limit OFFSET :offset',
+                             dict(params, limit=limit, offset=offset), account)
+    jobs = {job['id']: job for job in svc.db.rows(f'{JOB_SELECT} WHERE j.id IN (SELECT value FROM json_each(:ids))',
+                                                  {'ids': json.dumps([claim['job_id'] for claim in claims])})}
+    return {'claims': [dict(claim_json(claim, claim['readable']),
+                            job=job_json(jobs[claim['job_id']], svc.settings.base_url)) for claim in claims],
+            'total': svc.db.value(f'SELECT count(*) FROM claims c WHERE {mine}', params), 'limit': limit,
+            'offset': offset}
+
+
 def dispute_detail(db, dispute_id, settings, viewer=None):
     """A dispute with its job and the disputed claim, as GET /api/disputes/:id shows it to `viewer`."""
     dispute = get_dispute(db, dispute_id)
@@ -6028,6 +6082,8 @@ class Service:
         self.running_keys = RunningKeys()   # Idempotency-Keys whose first request is running here
         self.last_sweep = None      # (unix time it ended, seconds it took) of the last automatic sweep
         self.metrics = metrics.Metrics(functools.partial(metrics_state, self))
+        self.relay_secret = secrets.token_hex(32)   # signs the caller's address on the MCP child's API calls
+        self.on_close = []      # what the faces started for this app, stopped with it (the MCP child)
         try:
             if settings.rpc_url:
                 settings.onchain = OnChain(settings)
@@ -6068,6 +6124,8 @@ class Service:
             fan_out_events(self.db)
 
     def close(self):
+        for stop in self.on_close:
+            stop()
         self.db.close()
 
 

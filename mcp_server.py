@@ -1,14 +1,20 @@
-"""The marketplace as a Model Context Protocol server: tools and resources over the HTTP API, on stdio.
+"""The marketplace as a Model Context Protocol server: tools and resources over the HTTP API, on stdio or over
+Streamable HTTP.
 
-Run it as `python marketplace.py mcp [--url URL] [--api-key KEY]` (CONTRACT.md section 15). This is the only
-module that imports the `mcp` SDK. It is a client of the API, so it serves a local or a remote deployment alike,
-and it runs on asyncio with threads: it is never monkey-patched by gevent. Each tool is one API call; the API's
-JSON answer is the tool's structured result, an API error is a tool error keeping its `error` and `code`.
+Run it as `python marketplace.py mcp [--url URL] [--api-key KEY]` (CONTRACT.md section 15) for stdio. `serve`
+answers `<base-url>/mcp` itself (section 22) by starting this module once, on the first /mcp request, as a child
+process (`run_http`) on a loopback socket it hands over, and proxying to it: stateless, JSON answers, each request
+acting with the Bearer token it carries. This is the only module that imports the `mcp` SDK. It is a client of the
+API, so it serves a local or a remote deployment alike, and it runs on asyncio with threads: it is never
+monkey-patched by gevent. Each tool is one API call; the API's JSON answer is the tool's structured result, an API
+error is a tool error keeping its `error` and `code`.
 """
 
+import contextvars
 import hashlib
 import inspect
 import json
+import os
 import secrets
 from decimal import Decimal
 from typing import Annotated, Any, Literal
@@ -20,10 +26,16 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
-from typing_extensions import TypedDict
+from typing_extensions import NotRequired, TypedDict
 
 DEFAULT_URL = 'http://127.0.0.1:8080'
 DEFAULT_TIMEOUT = 30.0
+# Over HTTP: the Bearer token of the request being served (an API key or an OAuth access token), which every API
+# call it makes carries instead of the server's own key.
+CALLER_TOKEN = contextvars.ContextVar('caller_token', default=None)
+# ... and the caller's address, which `serve` passed along and the API calls carry back signed with the secret
+# `serve` gave this process (MARKETPLACE_MCP_RELAY), so that they count against the caller's rate limits.
+CALLER_ADDRESS = contextvars.ContextVar('caller_address', default=None)
 
 # Each tool is one API operation: (method, path as in the OpenAPI document). tests/test_mcp.py checks every one
 # against GET /api/openapi.json.
@@ -40,6 +52,9 @@ TOOL_OPERATIONS = {
     'get_agent': ('GET', '/api/agents/{agent_id}'),
     'match_jobs': ('GET', '/api/jobs/match'),
     'service_health': ('GET', '/api/health'),
+    'register_agent': ('POST', '/api/agents'),
+    'my_claims': ('GET', '/api/claims'),
+    'get_dispute': ('GET', '/api/disputes/{dispute_id}'),
 }
 
 # The API's vocabularies (tests/test_mcp.py checks them against marketplace.py).
@@ -68,6 +83,37 @@ class Criterion(TypedDict):
     check: Annotated[str, Field(min_length=1, max_length=2000, description='What the delivery must pass.')]
 
 
+# What each tool answers: the API's JSON answer of its operation, its top-level fields (tests/test_mcp.py checks them
+# against the OpenAPI document's response schemas), each tool's outputSchema. Objects are the API's (a job, a claim,
+# ...), described in the `marketplace://openapi` resource.
+Obj = dict[str, Any]
+JobList = TypedDict('JobList', {'jobs': list[Obj], 'total': int, 'limit': int, 'offset': int})
+SearchResult = TypedDict('SearchResult', {'results': list[Obj], 'total': int, 'limit': int, 'offset': int,
+                                          'query': str | None, 'filters': Obj, 'sort': str})
+JobDetail = TypedDict('JobDetail', {'job': Obj, 'claims': list[Obj], 'payments': list[Obj], 'timeline': list[Obj],
+                                    'checkoutUrl': NotRequired[str], 'releaseTypedData': NotRequired[Obj]})
+JobResult = TypedDict('JobResult', {'job': Obj, 'checkoutUrl': NotRequired[str]})
+ClaimResult = TypedDict('ClaimResult', {'claim': Obj, 'job': Obj})
+VerifyResult = TypedDict('VerifyResult', {'job': Obj, 'claim': Obj, 'escrowStatus': str, 'payments': list[Obj]})
+DisputeCreated = TypedDict('DisputeCreated', {'dispute': Obj, 'job': Obj})
+VoteCast = TypedDict('VoteCast', {'vote': Obj, 'votesReceived': int, 'requiredVotes': int, 'resolved': bool,
+                                  'outcome': str | None})
+AgentDetail = TypedDict('AgentDetail', {'agent': Obj, 'claims': list[Obj], 'reputationHistory': list[Obj]})
+JobMatches = TypedDict('JobMatches', {'matches': list[Obj], 'total': int})
+Health = TypedDict('Health', {'status': str, 'version': str, 'dbConnected': bool, 'payments': str, 'rails': Obj,
+                              'replication': Obj, 'role': str, 'replicaOf': NotRequired[str],
+                              'lag': NotRequired[float | None], 'error': NotRequired[str], 'code': NotRequired[str],
+                              'chain': NotRequired[Obj], 'escrow': NotRequired[Obj]})
+AgentCreated = TypedDict('AgentCreated', {'agent': Obj, 'webhookSecret': str | None})
+MyClaims = TypedDict('MyClaims', {'claims': list[Obj], 'total': int, 'limit': int, 'offset': int})
+DisputeDetail = TypedDict('DisputeDetail', {'dispute': Obj, 'job': Obj, 'claim': Obj})
+ANSWERS = {'list_jobs': JobList, 'search_jobs': SearchResult, 'get_job': JobDetail, 'post_job': JobResult,
+           'claim_job': ClaimResult, 'deliver_job': ClaimResult, 'verify_delivery': VerifyResult,
+           'open_dispute': DisputeCreated, 'cast_vote': VoteCast, 'get_agent': AgentDetail, 'match_jobs': JobMatches,
+           'service_health': Health, 'register_agent': AgentCreated, 'my_claims': MyClaims,
+           'get_dispute': DisputeDetail}
+
+
 class MarketplaceAPI:
     """The HTTP API of one deployment, called with one API key; every call has a time-out."""
 
@@ -86,8 +132,11 @@ class MarketplaceAPI:
     def call(self, method, path, *, query=None, body=None, tool=None):
         """The API's JSON answer to one request; APIFailure when it answers an error or cannot be reached."""
         headers = {'Accept': 'application/json', 'User-Agent': 'marketplace-mcp'}
-        if self.api_key:
-            headers['Authorization'] = f'Bearer {self.api_key}'
+        token = CALLER_TOKEN.get() or self.api_key
+        if token:
+            headers['Authorization'] = f'Bearer {token}'
+        if CALLER_ADDRESS.get() and os.environ.get('MARKETPLACE_MCP_RELAY'):
+            headers['X-Marketplace-Relay'] = f'{os.environ["MARKETPLACE_MCP_RELAY"]} {CALLER_ADDRESS.get()}'
         if tool and method in ('POST', 'PATCH'):
             headers['Idempotency-Key'] = self.idempotency_key(tool, {'path': path, 'query': query, 'body': body})
         params = {name: value for name, value in (query or {}).items() if value is not None}
@@ -179,7 +228,7 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
 
     @api_tool(READ)
     def list_jobs(status: JobStatus | None = None, category: Category | None = None, min_pay: MinPay | None = None,
-                  sort: JobSort = 'newest', limit: Limit = 50, offset: Offset = 0) -> dict[str, Any]:
+                  sort: JobSort = 'newest', limit: Limit = 50, offset: Offset = 0) -> JobList:
         """List jobs, newest first by default, filtered by status (e.g. "open" for work you can claim), category
         and minimum pay. Free, changes nothing. Returns {jobs: [job...], total, limit, offset}; each job has id,
         title, paymentAmount (a decimal string), paymentCurrency, deadline, status and claimCount."""
@@ -192,7 +241,7 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
                                                    'title or description (plain text).')] = None,
                     category: Category | None = None, min_pay: MinPay | None = None,
                     status: JobStatus | None = None, sort: SearchSort | None = None,
-                    limit: Limit = 50) -> dict[str, Any]:
+                    limit: Limit = 50) -> SearchResult:
         """Full-text search over job titles and descriptions; give at least one of q, category and min_pay. Free,
         changes nothing. Sorted by relevance when q is given, else newest. Returns {results: [job...], total,
         limit, offset, query, filters, sort}."""
@@ -201,7 +250,7 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
             'limit': limit})
 
     @api_tool(READ)
-    def get_job(job_id: JobId) -> dict[str, Any]:
+    def get_job(job_id: JobId) -> JobDetail:
         """One job with everything about it: its fields (requirements, acceptanceCriteria, escrowStatus...), its
         claims (with their ids, for deliver_job and verify_delivery), its payment records and its timeline (what
         happened, oldest first: {at, kind, text, reference}). escrowStatus "held" (needsAdmin true): the card
@@ -243,7 +292,7 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
                                                                          '{payer, refundAfter, salt, validAfter, '
                                                                          'validBefore, signature}, the payer\'s '
                                                                          'signed deposit, made by the service.')]
-            = None) -> dict[str, Any]:
+            = None) -> JobResult:
         """Post a job as the requester. COSTS MONEY: its whole payment_amount is locked in escrow at once (paid to
         the worker whose delivery you approve, refunded if you reject it or nobody delivers by the deadline). In
         onchain mode a job on rail base needs escrow_tx_hash and escrow_signature (in contract mode a deposit:
@@ -260,7 +309,7 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
 
     @api_tool(WRITE)
     def claim_job(job_id: JobId, agent_id: Annotated[UUID | None, Field(
-            description='An agent you own; may be left out when you own exactly one.')] = None) -> dict[str, Any]:
+            description='An agent you own; may be left out when you own exactly one.')] = None) -> ClaimResult:
         """Claim an open job for one of your agents, taking a worker slot: nothing is paid yet, you must then
         deliver before the deadline (and within the job's claimTimeoutHours) or the claim expires with a
         reputation penalty, and no agent of your account may claim that job again (claim_expired). While the claim
@@ -274,7 +323,7 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
                     url: Annotated[str, Field(max_length=2048, description='Where the work is: an http(s) URL.')],
                     type: Annotated[str, Field(min_length=1, max_length=50, description='What kind of artifact '
                                                '(default "url"), e.g. "pull_request".')] = 'url',
-                    notes: Annotated[str | None, Field(max_length=5000)] = None) -> dict[str, Any]:
+                    notes: Annotated[str | None, Field(max_length=5000)] = None) -> ClaimResult:
         """Deliver the work of your claim: the claim becomes "delivered" and waits for the requester, who approves
         (you are paid the job's payment minus any operator fee) or rejects it; unverified deliveries are approved
         when the verification window ends. Free. Returns {claim, job}."""
@@ -290,7 +339,7 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
                         release_signature: Annotated[str | None, Field(
                             pattern='^0x[0-9a-fA-F]{130}$', description="Contract mode: the payer's signature of the "
                             "claim's releaseTypedData (get_job shows it): paid at once; without it, after the "
-                            "contract's delay.")] = None) -> dict[str, Any]:
+                            "contract's delay.")] = None) -> VerifyResult:
         """As the job's requester, approve or reject a delivered claim. MOVES MONEY, final: approving releases the
         escrow to the worker and completes the job; rejecting refunds it to you and (one worker) ends the job
         rejected. Dispute instead (open_dispute) to let arbitrators decide. Returns {job, claim, escrowStatus,
@@ -301,7 +350,7 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
 
     @api_tool(WRITE)
     def open_dispute(job_id: JobId, claim_id: ClaimId,
-                     reason: Annotated[str, Field(min_length=1, max_length=5000)]) -> dict[str, Any]:
+                     reason: Annotated[str, Field(min_length=1, max_length=5000)]) -> DisputeCreated:
         """As the job's requester, dispute a delivered claim: the escrow stays locked until a panel of arbitrators
         (or an admin) decides for the worker (paid) or for you (refunded). Free. Returns {dispute, job}; the
         dispute's id is what cast_vote needs."""
@@ -312,7 +361,7 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
     def cast_vote(dispute_id: Annotated[UUID, Field(description="The dispute's id.")],
                   arbitrator_id: Annotated[UUID, Field(description="An arbitrator you own, on the dispute's panel.")],
                   vote: Annotated[Outcome, Field(description='worker: pay the worker; requester: refund.')],
-                  reasoning: Annotated[str | None, Field(max_length=5000)] = None) -> dict[str, Any]:
+                  reasoning: Annotated[str | None, Field(max_length=5000)] = None) -> VoteCast:
         """Vote on a dispute as one of its panel's arbitrators, once. The deciding vote (the majority of
         requiredVotes) resolves it and MOVES MONEY: escrow released to the worker or refunded to the requester.
         Returns {vote, votesReceived, requiredVotes, resolved, outcome} (outcome null until it is resolved)."""
@@ -320,7 +369,7 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
                         body=without_none({'arbitratorId': str(arbitrator_id), 'vote': vote, 'reasoning': reasoning}))
 
     @api_tool(READ)
-    def get_agent(agent_id: Annotated[UUID, Field(description="The agent's id.")]) -> dict[str, Any]:
+    def get_agent(agent_id: Annotated[UUID, Field(description="The agent's id.")]) -> AgentDetail:
         """An agent's profile: capabilities, reputationScore (a decimal string), jobsCompleted, totalEarned, its recent
         claims and reputation history. Free, changes nothing. Returns {agent, claims, reputationHistory}."""
         return call_api('get_agent', f'/api/agents/{agent_id}')
@@ -329,7 +378,7 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
     def match_jobs(categories: Annotated[list[Category] | None, Field(description='Any of these match.')] = None,
                    languages: Annotated[list[str] | None, Field(description='Programming or human languages, '
                                                                 'e.g. ["python"].')] = None,
-                   min_pay: MinPay | None = None, limit: Limit = 50) -> dict[str, Any]:
+                   min_pay: MinPay | None = None, limit: Limit = 50) -> JobMatches:
         """Open jobs that suit some categories and languages, best match first, each with a matchScore from 0 to 1.
         Free on most deployments (an operator may price it with x402: then the error says so). Changes nothing.
         Returns {matches: [job with matchScore...], total}."""
@@ -339,10 +388,44 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
             'min_pay': decimal_text(min_pay), 'limit': limit})
 
     @api_tool(READ)
-    def service_health() -> dict[str, Any]:
+    def service_health() -> Health:
         """Whether the marketplace service is up and how it takes payments. Free, changes nothing, needs no key.
         Returns {status, version, dbConnected, payments, rails}, payments being "simulated" or "onchain"."""
         return call_api('service_health', '/api/health')
+
+    @api_tool(WRITE)
+    def register_agent(
+            name: Annotated[str, Field(min_length=1, max_length=100)],
+            wallet_address: Annotated[str, Field(pattern='^0x[0-9a-fA-F]{40}$', description='Where its USDC '
+                                                 'payouts go (an EVM address; mixed case must be its EIP-55 form).')],
+            description: Annotated[str | None, Field(max_length=2000)] = None,
+            capabilities: Annotated[dict[str, Any] | None, Field(description='e.g. {"categories": ["code"], '
+                                                                 '"languages": ["python"]}: what match_jobs and '
+                                                                 'the job feed match on.')] = None,
+            pricing: Annotated[dict[str, Any] | None, Field(description='Free-form, e.g. {"hourly": "20.00"}.')]
+            = None,
+            webhook_url: Annotated[str | None, Field(max_length=2000, description='https URL that receives the '
+                                                     "agent's events, signed.")] = None) -> AgentCreated:
+        """Register an agent for your account, so that it can claim jobs (claim_job) and be paid at its wallet.
+        Free. Returns {agent} with its id (and its webhookSecret when a webhook_url was given: keep it to check the
+        signatures)."""
+        return call_api('register_agent', '/api/agents', body=without_none({
+            'name': name, 'walletAddress': wallet_address, 'description': description,
+            'capabilities': capabilities, 'pricing': pricing, 'webhookUrl': webhook_url}))
+
+    @api_tool(READ)
+    def my_claims(limit: Limit = 50, offset: Offset = 0) -> MyClaims:
+        """Your claims (those of your agents), newest first, each with its job: what to deliver (status
+        "claimed"), what waits for the requester ("delivered"), what was paid ("approved"). Free, changes nothing.
+        Returns {claims: [claim with job...], total, limit, offset}."""
+        return call_api('my_claims', '/api/claims', query={'limit': limit, 'offset': offset})
+
+    @api_tool(READ)
+    def get_dispute(dispute_id: Annotated[UUID, Field(description="The dispute's id.")]) -> DisputeDetail:
+        """One dispute with its job and the disputed claim: its reason, status, panel, votes received, and once
+        resolved its outcome ("worker": paid; "requester": refunded) and resolution. Free, changes nothing. Returns
+        {dispute, job, claim}."""
+        return call_api('get_dispute', f'/api/disputes/{dispute_id}')
 
     @server.resource('marketplace://jobs/{job_id}', name='job', mime_type='application/json',
                      description='A job as JSON, with its claims and payment records (GET /api/jobs/{job_id}).')
@@ -366,3 +449,41 @@ def make_server(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
 def run(url=DEFAULT_URL, api_key='', timeout=DEFAULT_TIMEOUT):
     """Serve MCP on stdin and stdout until stdin closes."""
     make_server(url, api_key, timeout).run('stdio')
+
+
+def caller_token(app):
+    """ASGI middleware: the request's Bearer token in CALLER_TOKEN and the caller's address `serve` passed in
+    CALLER_ADDRESS while it is served (the tools' API calls, in their tasks and threads, see them: both copy the
+    context they start in)."""
+    async def with_token(scope, receive, send):
+        token = address = None
+        if scope['type'] == 'http':
+            headers = dict(scope['headers'])
+            scheme, _, value = headers.get(b'authorization', b'').decode('latin-1').partition(' ')
+            token = value.strip() if scheme.lower() == 'bearer' and value.strip() else None
+            address = headers.get(b'x-marketplace-relay', b'').decode('latin-1').strip() or None
+        tokens, addresses = CALLER_TOKEN.set(token), CALLER_ADDRESS.set(address)
+        try:
+            await app(scope, receive, send)
+        finally:
+            CALLER_TOKEN.reset(tokens)
+            CALLER_ADDRESS.reset(addresses)
+    return with_token
+
+
+def http_app(url=DEFAULT_URL, timeout=DEFAULT_TIMEOUT):
+    """The Streamable HTTP app at /mcp: stateless, JSON answers, each request acting with its Bearer token. Only
+    `serve` reaches it, over loopback, after it has checked the token; so the SDK's own checks of Host and Origin
+    (against DNS rebinding, for servers a browser could reach) are `serve`'s to make, not repeated here."""
+    from mcp.server.transport_security import TransportSecuritySettings
+    server = make_server(url, '', timeout)
+    app = server.streamable_http_app(
+        streamable_http_path='/mcp', stateless_http=True, json_response=True, max_request_body_size=1024 * 1024,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+    return caller_token(app)
+
+
+def run_http(url, fd, timeout=DEFAULT_TIMEOUT):
+    """Serve the Streamable HTTP app on an inherited listening socket (file descriptor `fd`) until killed."""
+    import uvicorn
+    uvicorn.run(http_app(url, timeout), fd=fd, log_level='warning', access_log=False, lifespan='on')

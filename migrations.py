@@ -78,6 +78,7 @@ MIGRATIONS = {
             add_missing_column(db, 'payments', 'call_id', 'TEXT'),
             add_missing_column(db, 'payments', 'executable_at', 'TEXT')),
     },
+    11: {},     # agents connect by URL (CONTRACT 22): schema.sql adds the oauth_ tables and a2a_tasks, nothing else
 }
 
 

@@ -783,6 +783,27 @@ API_SCHEMAS = {
     'OpenAPIDocument': {'type': 'object', 'required': ['openapi', 'info', 'paths', 'components'], 'properties': {
         'openapi': {'const': '3.1.0'}}},
 }
+OPEN_OBJECT = {'type': 'object', 'additionalProperties': True}
+API_SCHEMAS.update({
+    'OAuthResource': dict(OPEN_OBJECT, required=['resource', 'authorization_servers']),
+    'OAuthServer': dict(OPEN_OBJECT, required=['issuer', 'authorization_endpoint', 'token_endpoint',
+                                               'registration_endpoint', 'code_challenge_methods_supported']),
+    'OAuthClientMetadata': dict(OPEN_OBJECT, required=['redirect_uris'], properties={
+        'redirect_uris': {'type': 'array', 'items': {'type': 'string'}, 'minItems': 1, 'maxItems': 10},
+        'client_name': {'type': 'string', 'maxLength': 100}}),
+    'OAuthClient': dict(OPEN_OBJECT, required=['client_id', 'redirect_uris']),
+    'OAuthToken': dict(OPEN_OBJECT, required=['access_token', 'token_type', 'expires_in', 'refresh_token']),
+    'A2ASendResult': dict(OPEN_OBJECT, required=['task'], description="A2A's SendMessageResponse (JSON mapping)."),
+    'A2ATask': dict(OPEN_OBJECT, required=['id', 'status'], description="A2A's Task (JSON mapping)."),
+    'JsonRpcAnswer': {'type': ['object', 'array'], 'description': 'A JSON-RPC answer, or a batch of them.'},
+    'A2AError': closed_object({'error': dict(OPEN_OBJECT, required=['code', 'status', 'message'])},
+                              description="A2A's error form (google.rpc.Status), with an ErrorInfo reason."),
+})
+API_SCHEMAS['MyClaims'] = closed_object({
+    'claims': {'type': 'array', 'items': closed_object(dict(API_SCHEMAS['Claim']['properties'],
+                                                            job=schema_ref('Job'))),
+               'description': "Newest first; each claim with its job (the deliverable whole: they are the caller's)."},
+    'total': COUNT_SCHEMA, 'limit': {'type': 'integer', 'minimum': 1, 'maximum': 200}, 'offset': COUNT_SCHEMA})
 
 # Query and header parameters, as plain dicts; openapi_document adds `in`.
 LIMIT_PARAM = {'name': 'limit', 'schema': {'type': 'integer', 'minimum': 1, 'default': 50},
@@ -845,6 +866,63 @@ API_OPERATIONS = {
     ('GET', '/api/openapi.json'): {
         'summary': 'This OpenAPI 3.1 document', 'tags': ['System'],
         'ok': (200, 'OpenAPIDocument'), 'errors': (429,)},
+    ('GET', '/.well-known/oauth-protected-resource'): {
+        'summary': 'OAuth protected resource metadata (RFC 9728) of /mcp', 'tags': ['OAuth'],
+        'ok': (200, 'OAuthResource'), 'errors': (429,),
+        'description': 'Where an MCP host told 401 by /mcp learns which authorization server issues tokens for it.'},
+    ('GET', '/.well-known/oauth-protected-resource/mcp'): {
+        'summary': 'The same metadata at the path RFC 9728 derives from the resource /mcp', 'tags': ['OAuth'],
+        'ok': (200, 'OAuthResource'), 'errors': (429,)},
+    ('GET', '/.well-known/oauth-authorization-server'): {
+        'summary': 'OAuth authorization server metadata (RFC 8414)', 'tags': ['OAuth'],
+        'ok': (200, 'OAuthServer'), 'errors': (429,),
+        'description': 'Authorization code with PKCE (S256 only), refresh tokens rotated on use, public clients '
+                       'registered at /oauth/register. The approval page is GET /oauth/authorize (a page).'},
+    ('POST', '/oauth/register'): {
+        'summary': 'Dynamic client registration (RFC 7591) of an MCP host', 'tags': ['OAuth'],
+        'body': 'OAuthClientMetadata', 'ok': (201, 'OAuthClient'), 'errors': (400, 413, 429),
+        'description': 'Public clients only (token_endpoint_auth_method none, PKCE): redirect_uris, each https or '
+                       'http to a loopback address, matched exactly later; 400 invalid_redirect_uri or '
+                       'invalid_client_metadata (OAuth\'s error body: {error, error_description}).'},
+    ('POST', '/oauth/token'): {
+        'summary': 'A code or a refresh token for an access token (form-encoded, RFC 6749)', 'tags': ['OAuth'],
+        'ok': (200, 'OAuthToken'), 'errors': (400, 429),
+        'description': 'grant_type=authorization_code with code, redirect_uri, client_id and code_verifier (PKCE '
+                       'S256), or grant_type=refresh_token with refresh_token and client_id. An access token lives '
+                       'an hour, a refresh token 30 days and is replaced at each use; a code lives 60 s and is '
+                       'used once (used again, or a refresh token used twice, ends the whole grant). Errors are '
+                       "OAuth's: 400 {error: invalid_grant | invalid_request | invalid_client | ...}."},
+    ('POST', '/message\\:send'): {
+        'summary': 'A2A (HTTP+JSON binding): run a skill, an MCP tool, as the caller; the finished task',
+        'tags': ['A2A'], 'auth': 'key', 'ok': (200, 'A2ASendResult'),
+        'errors': (401, 413, 429), 'a2a_errors': (400,),
+        'description': 'A2A 1.0 SendMessageRequest: a message whose data part is {"skill": <id>, "input": {...}} '
+                       '(the skills of /.well-known/agent-card.json, the MCP tools with the same input). Answers '
+                       '{task}: completed with the result as a data artifact, or failed with the error (a message '
+                       'without a known skill: failed, its message listing the skills). A '
+                       'configuration.taskPushNotificationConfig receives the finished task, as webhooks are sent. '
+                       "Errors in the binding's form (google.rpc.Status with an ErrorInfo reason)."},
+    ('POST', '/message\\:stream'): {
+        'summary': 'A2A: run a skill; the finished task as Server-Sent Events', 'tags': ['A2A'], 'auth': 'key',
+        'ok': (200, None), 'media': ['text/event-stream'], 'errors': (401, 413, 429), 'a2a_errors': (400,),
+        'event_schema': {'type': 'object', 'required': ['data'], 'properties': {
+            'data': {'type': 'string', 'contentMediaType': 'application/json',
+                     'description': "A2A's StreamResponse (JSON mapping): {task}."}}}},
+    ('GET', '/tasks/<task_id:re:[^/:]+>'): {
+        'summary': 'A2A: a task the caller made, for 24 hours', 'tags': ['A2A'], 'auth': 'key',
+        'ok': (200, 'A2ATask'), 'errors': (401, 429), 'a2a_errors': (400, 404)},
+    ('POST', '/tasks/<task_id>\\:cancel'): {
+        'summary': 'A2A: cancel a task (never: a task is finished when answered)', 'tags': ['A2A'], 'auth': 'key',
+        'ok': (200, 'A2ATask'), 'errors': (401, 429), 'a2a_errors': (400, 404),
+        'description': "Answers A2A's TASK_NOT_CANCELABLE (400), or TASK_NOT_FOUND (404)."},
+    ('POST', '/mcp'): {
+        'summary': 'MCP over Streamable HTTP (JSON-RPC): the tools and resources of `marketplace.py mcp`',
+        'tags': ['System'], 'auth': 'key', 'ok': (200, 'JsonRpcAnswer'), 'errors': (400, 401, 406, 413, 415, 429, 503),
+        'description': 'The Model Context Protocol server (README "Connect an agent"), stateless, answering JSON: '
+                       'send the MCP JSON-RPC messages of an MCP client, with Authorization: Bearer <an API key or '
+                       'an OAuth access token>; its tools act as that account. 401 without a live token, with '
+                       'WWW-Authenticate: Bearer resource_metadata=<the OAuth protected resource metadata>. A tool '
+                       'whose API call fails is a tool error (isError), never a result.'},
     ('GET', '/metrics'): {
         'summary': 'Prometheus metrics (text format), for admin keys', 'tags': ['System'], 'auth': 'key',
         'ok': (200, None), 'media': ['text/plain'], 'errors': (401, 403, 429),
@@ -1098,6 +1176,9 @@ API_OPERATIONS = {
         'body': 'DisputeCreate', 'ok': (201, 'DisputeCreated'), 'errors': (400, 401, 403, 404, 409, 413, 429),
         'description': '409 `claim_not_delivered`, `already_disputed`, or `dispute_open` while another delivery of '
                        'a first-wins or best-wins job is under dispute.'},
+    ('GET', '/api/claims'): {
+        'summary': "The caller's claims (its agents'), newest first, each with its job", 'tags': ['Jobs'],
+        'auth': 'key', 'query': [LIMIT_PARAM, OFFSET_PARAM], 'ok': (200, 'MyClaims'), 'errors': (400, 401, 429)},
     ('GET', '/api/disputes'): {
         'summary': 'List disputes, newest first', 'tags': ['Disputes'],
         'query': [{'name': 'status', 'schema': {'type': 'string', 'enum': ['open', 'resolved']},
@@ -1158,6 +1239,9 @@ API_OPERATIONS = {
 
 API_TAGS = [
     {'name': 'System', 'description': 'Health, totals and this document.'},
+    {'name': 'A2A', 'description': "A2A 1.0's HTTP+JSON binding at the base URL: the skills are the MCP tools."},
+    {'name': 'OAuth', 'description': 'The service as the authorization server of MCP hosts (README "Connect an '
+                                     'agent"): metadata, registration, tokens.'},
     {'name': 'Accounts', 'description': 'Accounts and their API keys.'},
     {'name': 'Agents', 'description': 'Agents that claim and deliver jobs.'},
     {'name': 'Jobs', 'description': 'Jobs, claims, deliveries and verdicts.'},
@@ -1177,6 +1261,8 @@ ERROR_RESPONSES = {
     400: ('BadRequest', 'Invalid input: a malformed body, field, query parameter or UUID (`fields` says which).', ()),
     401: ('Unauthorized', 'The API key is missing, unknown or revoked.', ('WWW-Authenticate',)),
     403: ('Forbidden', 'The key may not do this.', ()),
+    406: ('NotAcceptable', 'The Accept header names no media type this answers in (MCP: application/json and '
+                           'text/event-stream both).', ()),
     404: ('NotFound', 'No such resource (or no such endpoint).', ()),
     405: ('MethodNotAllowed', 'The path does not take this method; `Allow` lists those it takes.', ('Allow',)),
     402: ('PaymentRequired', 'A payment is missing or does not check out; `code` names the failed check.',
@@ -1234,15 +1320,16 @@ def header_refs(names):
 def openapi_operation(path, entry):
     """One operation object from its API_OPERATIONS entry."""
     parameters = [{'name': name, 'in': 'path', 'required': True, 'schema': UUID_SCHEMA,
-                   'description': 'A UUID (uppercase is accepted).'} for name in re.findall(r'<(\w+)>', path)]
+                   'description': 'A UUID (uppercase is accepted).'}
+                  for name in re.findall(r'<(\w+)(?::[^>]*)?>', path)]
     parameters += [{**param, 'in': 'query'} for param in entry.get('query', [])]
     parameters += [{**param, 'in': 'header'} for param in entry.get('headers', [])]
     status, name = entry['ok']
     if name:
         content = json_content(name)
     else:
-        content = {media: {'schema': SSE_EVENT_SCHEMA if media == 'text/event-stream' else {'type': 'string'}}
-                   for media in entry['media']}
+        content = {media: {'schema': entry.get('event_schema', SSE_EVENT_SCHEMA) if media == 'text/event-stream'
+                           else {'type': 'string'}} for media in entry['media']}
     success = {'description': entry.get('ok_description', 'Created.' if status == 201 else 'OK.')}
     if content:
         success['content'] = content
@@ -1254,6 +1341,10 @@ def openapi_operation(path, entry):
     body_late = {408} if 'body' in entry else set()     # the HTTP layer's, for any body: --body-timeout
     for code in sorted(set(entry['errors']) | {405} | body_late):
         responses[str(code)] = {'$ref': f'#/components/responses/{ERROR_RESPONSES[code][0]}'}
+    for code in entry.get('a2a_errors', ()):       # A2A's binding answers its errors in its own form
+        responses[str(code)] = {'description': "An A2A error: google.rpc.Status with an ErrorInfo `reason` "
+                                               '(TASK_NOT_FOUND, TASK_NOT_CANCELABLE, INVALID_REQUEST...).',
+                                'content': json_content('A2AError')}
     for code in entry.get('html_errors', ()):      # a page's refusals are pages too
         responses[str(code)] = {'description': f'{ERROR_RESPONSES[code][1]} As an HTML page.',
                                 'content': {'text/html': {'schema': {'type': 'string'}}}}

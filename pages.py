@@ -563,9 +563,16 @@ def forms_script():
 
 # Signing in, up and out -------------------------------------------------------
 
+def next_page(path):
+    """Where sign-in goes on to: back to an OAuth approval that asked for it (only there: no open redirect),
+    else the person's jobs."""
+    return path if isinstance(path, str) and path.startswith('/oauth/authorize?') and '\\' not in path else '/my/jobs'
+
+
 @browser_route('GET', '/signin')
 def signin_page():
-    return render('signin', title='Sign in', typed_name='', error=None, signup_error=None)
+    return render('signin', title='Sign in', typed_name='', error=None, signup_error=None,
+                  next=next_page(request.query.getunicode('next', default='')))
 
 
 @browser_route('POST', '/signin', limit='signin')
@@ -578,13 +585,13 @@ def post_signin():
         else (None, None)
     if account is None:
         response.status = 401
-        return render('signin', title='Sign in', typed_name='', signup_error=None,
+        return render('signin', title='Sign in', typed_name='', signup_error=None, next=next_page(form.get('next')),
                       error=Unauthorized('The API key is unknown or revoked.'))
     old, _ = session_viewer()
     if old:
         end_session(svc.db, old)
     start_session(svc.db, account, key_id)
-    see_other('/my/jobs')
+    see_other(next_page(form.get('next')))
 
 
 @browser_route('POST', '/signup', limit='signin')

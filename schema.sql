@@ -452,4 +452,51 @@ CREATE TRIGGER IF NOT EXISTS escrow_calls_resigned AFTER UPDATE OF raw_tx ON esc
         VALUES (NEW.tx_hash, 'escrow_calls', NEW.id, NEW.nonce, NEW.raw_tx);
 END;
 
-PRAGMA user_version = 10;
+-- OAuth 2.1 (CONTRACT 22): MCP hosts registered by themselves (public clients: PKCE, no secret), the grants people
+-- approved (each remembers the key whose session approved it: revoking that key ends it), one-use codes of 60 s,
+-- and tokens (access: one hour; refresh: 30 days, rotated on use). Codes and tokens are kept only as hashes.
+CREATE TABLE IF NOT EXISTS oauth_clients (
+    client_id     TEXT PRIMARY KEY,
+    name          TEXT NOT NULL,
+    redirect_uris TEXT NOT NULL,                 -- JSON array, each matched exactly
+    created_at    TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS oauth_grants (
+    id            TEXT PRIMARY KEY,
+    client_id     TEXT NOT NULL REFERENCES oauth_clients(client_id),
+    account_id    TEXT NOT NULL REFERENCES accounts(id),
+    key_id        TEXT NOT NULL REFERENCES api_keys(id),   -- the key of the session that approved it
+    scope         TEXT NOT NULL DEFAULT '',
+    created_at    TEXT NOT NULL,
+    used_at       TEXT,                          -- the last token issued
+    revoked_at    TEXT
+);
+CREATE INDEX IF NOT EXISTS oauth_grants_account ON oauth_grants(account_id, created_at);
+CREATE TABLE IF NOT EXISTS oauth_codes (
+    code_hash      TEXT PRIMARY KEY,
+    grant_id       TEXT NOT NULL REFERENCES oauth_grants(id),
+    redirect_uri   TEXT NOT NULL,
+    code_challenge TEXT NOT NULL,                -- S256 only
+    expires_at     TEXT NOT NULL,
+    used_at        TEXT                          -- a code is used once; used again, its grant is revoked
+);
+CREATE TABLE IF NOT EXISTS oauth_tokens (
+    token_hash    TEXT PRIMARY KEY,
+    grant_id      TEXT NOT NULL REFERENCES oauth_grants(id),
+    kind          TEXT NOT NULL CHECK (kind IN ('access', 'refresh')),
+    expires_at    TEXT NOT NULL,
+    revoked_at    TEXT,                          -- a refresh token: when it was rotated (used again: grant revoked)
+    created_at    TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS oauth_tokens_grant ON oauth_tokens(grant_id);
+
+-- A2A tasks (CONTRACT 22): what POST /message:send answered, kept 24 hours for the account that sent it.
+CREATE TABLE IF NOT EXISTS a2a_tasks (
+    id          TEXT PRIMARY KEY,
+    account_id  TEXT NOT NULL REFERENCES accounts(id),
+    task        TEXT NOT NULL,                  -- the Task, in A2A's JSON
+    created_at  TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS a2a_tasks_created ON a2a_tasks(created_at);
+
+PRAGMA user_version = 11;

@@ -24,7 +24,7 @@
   <nav><a href="/">Jobs</a> <a href="/agents">Agents</a> <a href="/arbitrators">Arbitrators</a> <a href="/api/docs">API</a></nav>
   <nav class="account" aria-label="Your account">
 % if get('viewer'):
-    <a href="/my/jobs">My jobs</a> <a href="/jobs/new">Post a job</a>
+    <a href="/my/jobs">My jobs</a> <a href="/jobs/new">Post a job</a> <a href="/my/connections">My connections</a>
     <form class="signout" method="post" action="/signout"><input type="hidden" name="csrf" value="{{csrf()}}"><button type="submit">Sign out <span class="who">({{viewer['name']}})</span></button></form>
 % else:
     <a href="/signin">Sign in</a> <a href="/signin#signup">Sign up</a>

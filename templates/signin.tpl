@@ -8,6 +8,9 @@
 % end
   <form class="form" method="post" action="/signin">
     <input type="hidden" name="csrf" value="{{csrf()}}">
+% if get('next', '/my/jobs') != '/my/jobs':
+    <input type="hidden" name="next" value="{{next}}">
+% end
     <label for="apiKey">API key</label>
     <input type="password" id="apiKey" name="apiKey" autocomplete="off" required{{!' autofocus aria-invalid="true" aria-describedby="signin-error"' if error else ''}}>
     <button type="submit">Sign in</button>

@@ -25,7 +25,7 @@ WRITES = ('POST', 'PATCH', 'PUT', 'DELETE')
 
 
 def fill(path, value):
-    return mp.re.sub(r'<[^>]+>', value, path)
+    return mp.re.sub(r'<[^>]+>', value, path).replace('\\:', ':')   # bottle's escaped colon (/message\\:send)
 
 
 class UnreadBody(io.RawIOBase):

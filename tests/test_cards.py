@@ -130,27 +130,34 @@ def test_service_card_passes_the_a2a_strict_check(client, path):
     assert list(parsed.default_input_modes) == ['application/json']
     assert list(parsed.default_output_modes) == ['application/json']
     assert parsed.provider.organization and parsed.provider.url == 'http://market.test'
-    assert [skill.id for skill in parsed.skills] == ['post-job', 'find-work', 'deliver-work', 'arbitrate']
+    import mcp_server      # the skills are the MCP tools, which POST /message:send runs (test_a2a.py)
+    assert [skill.id for skill in parsed.skills] == list(mcp_server.TOOL_OPERATIONS)
     assert all(skill.examples and skill.tags for skill in parsed.skills)
     assert parsed.security_schemes['bearerAuth'].http_auth_security_scheme.scheme == 'Bearer'
     assert list(parsed.security_requirements[0].schemes) == ['bearerAuth']
     assert parsed.documentation_url == 'http://market.test/api/openapi.json'
 
 
-def test_service_card_find_work_skill_covers_search_match_feed_stream(client):
-    skills = {skill['id']: skill for skill in client.get(CARD_PATHS[0]).json['skills']}
-    assert {'search', 'match', 'feed', 'stream'} <= set(skills['find-work']['tags'])
+def test_service_card_finds_work_by_search_match_feed_and_stream(client):
+    card = client.get(CARD_PATHS[0]).json
+    skills = {skill['id']: skill for skill in card['skills']}
+    assert 'search' in skills['search_jobs']['tags'] and 'match' in skills['match_jobs']['tags']
+    assert '/api/jobs/feed' in card['description'] and '/api/jobs/stream' in card['description']
 
 
 def test_service_card_keeps_the_legacy_fields(client):
     card = client.get(CARD_PATHS[0]).json
     assert card['url'] == 'http://market.test'
     assert card['protocolVersion'] == '1.0'
-    [(name, scheme)] = card['securitySchemes'].items()
-    assert name == 'bearerAuth'
+    assert set(card['securitySchemes']) == {'bearerAuth', 'oauth'}
+    scheme = card['securitySchemes']['bearerAuth']
     assert set(scheme) == {'httpAuthSecurityScheme'}
     assert scheme['httpAuthSecurityScheme']['scheme'] == 'Bearer'
-    assert card['securityRequirements'] == [{'schemes': {'bearerAuth': {'list': []}}}]
+    oauth = card['securitySchemes']['oauth']['oauth2SecurityScheme']
+    assert oauth['oauth2MetadataUrl'] == 'http://market.test/.well-known/oauth-authorization-server'
+    assert oauth['flows']['authorizationCode']['pkceRequired'] is True
+    assert card['securityRequirements'] == [{'schemes': {'bearerAuth': {'list': []}}},
+                                            {'schemes': {'oauth': {'list': []}}}]
     assert card['documentationUrl'].endswith('/api/openapi.json')
 
 

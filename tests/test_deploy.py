@@ -148,6 +148,21 @@ def test_health_through_caddy_over_https(proxied):
     assert (line['route'], line['status'], line['client']) == ('/api/health', 200, '127.0.0.1')
 
 
+def test_mcp_and_its_oauth_metadata_through_caddy(proxied):
+    """The shipped Caddyfile needs no route of its own for /mcp (CONTRACT 22): the 401 names the metadata, and a
+    key's tools/list is answered (by the MCP child the server starts on its first /mcp request)."""
+    caddy, _, _ = proxied
+    message = {'jsonrpc': '2.0', 'id': 1, 'method': 'tools/list', 'params': {}}
+    headers = {'Accept': 'application/json, text/event-stream'}
+    refused = caddy.post('/mcp', message, headers=headers)
+    assert refused.status_code == 401 and 'resource_metadata=' in refused.headers['WWW-Authenticate']
+    answer = caddy.post('/mcp', message, headers={**headers, 'Authorization': f'Bearer {ADMIN_KEY}'})
+    assert answer.status_code == 200, answer.text
+    assert 'post_job' in {tool['name'] for tool in answer.json()['result']['tools']}
+    metadata = caddy.get('/.well-known/oauth-authorization-server').json()
+    assert metadata['code_challenge_methods_supported'] == ['S256']
+
+
 def test_plain_http_is_redirected_to_https(proxied):
     caddy, _, _ = proxied
     answer = requests.get(f'http://127.0.0.1:{caddy.env["CADDY_HTTP_PORT"]}/api/health', allow_redirects=False,

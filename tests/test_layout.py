@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FACES = {'command_line', 'pages', 'openapi_spec', 'http_server', 'pay_per_call', 'webhook_delivery', 'discovery', 'mcp_server'}
+FACES = {'a2a_binding', 'command_line', 'remote_mcp', 'oauth', 'pages', 'openapi_spec', 'http_server', 'pay_per_call',
+         'webhook_delivery', 'discovery', 'mcp_server'}
 BELOW = {'migrations', 'metrics', 'replication', 'stripe_rail', 'verifier'}
 OURS = FACES | BELOW | {'marketplace', 'wiring'}
 

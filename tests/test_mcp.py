@@ -37,6 +37,9 @@ SECTION_15 = {
     'get_agent': {'agent_id'},
     'match_jobs': {'categories', 'languages', 'min_pay', 'limit'},
     'service_health': set(),
+    'register_agent': {'name', 'wallet_address', 'description', 'capabilities', 'pricing', 'webhook_url'},
+    'my_claims': {'limit', 'offset'},
+    'get_dispute': {'dispute_id'},
 }
 REQUIRED = {
     'list_jobs': [], 'search_jobs': [], 'get_job': ['job_id'], 'claim_job': ['job_id'],
@@ -44,6 +47,7 @@ REQUIRED = {
     'deliver_job': ['job_id', 'claim_id', 'url'], 'verify_delivery': ['job_id', 'claim_id', 'approved'],
     'open_dispute': ['job_id', 'claim_id', 'reason'], 'cast_vote': ['dispute_id', 'arbitrator_id', 'vote'],
     'get_agent': ['agent_id'], 'match_jobs': [], 'service_health': [],
+    'register_agent': ['name', 'wallet_address'], 'my_claims': [], 'get_dispute': ['dispute_id'],
 }
 CLOSED_URL = f'http://127.0.0.1:{free_port()}'     # nothing listens there
 
@@ -115,7 +119,7 @@ def test_the_tools_are_those_of_section_15_with_typed_schemas(offline):
         assert schema['type'] == 'object'
         assert set(schema['properties']) == SECTION_15[name], name
         assert schema.get('required', []) == REQUIRED[name], name
-        assert tool.output_schema == {'type': 'object', 'additionalProperties': True, 'title': f'{name}DictOutput'}
+        assert tool.output_schema['type'] == 'object' and tool.output_schema['required'], name
         assert 'Returns' in tool.description and len(tool.description) > 120, name
         assert tool.annotations.read_only_hint is (mcp_server.TOOL_OPERATIONS[name][0] == 'GET'), name
     post = tools['post_job'].input_schema['properties']
@@ -125,6 +129,20 @@ def test_the_tools_are_those_of_section_15_with_typed_schemas(offline):
     assert tools['get_job'].input_schema['properties']['job_id']['format'] == 'uuid'
     assert 'COSTS MONEY' in tools['post_job'].description
     assert 'MOVES MONEY' in tools['verify_delivery'].description
+
+
+def test_each_tools_output_schema_is_its_operations_answer(offline):
+    """A tool's outputSchema names the fields of the API's answer it returns: exactly the properties of the
+    operation's success schema in the OpenAPI document, required where it requires them (CONTRACT 22)."""
+    document = openapi_spec.openapi_document('http://market.test')
+    for name, tool in offline.tools().items():
+        method, path = mcp_server.TOOL_OPERATIONS[name]
+        responses = document['paths'][path][method.lower()]['responses']
+        success = next(answer for status, answer in responses.items() if status.startswith('2'))
+        schema = success['content']['application/json']['schema']
+        schema = document['components']['schemas'][schema['$ref'].rsplit('/', 1)[1]]
+        assert set(tool.output_schema['properties']) == set(schema['properties']), name
+        assert set(tool.output_schema['required']) == set(schema['required']), name
 
 
 def enum_of(schema):

@@ -24,7 +24,13 @@ REAL_ROUTES = {(method, path): bucket for method, path, _, bucket in mp.ROUTES}
 NOT_DRIVEN = {('GET', '/api/jobs/stream'),
               ('POST', '/api/x402'),      # needs a chain: test_x402.py checks its answers against this document
               ('POST', '/api/stripe/webhook'),    # needs stripe mode: test_stripe_funding.py checks its answers
-              ('POST', '/api/agents/<agent_id>/stripe/onboarding')}   # stripe mode too: test_stripe_payouts.py
+              ('POST', '/api/agents/<agent_id>/stripe/onboarding'),   # stripe mode too: test_stripe_payouts.py
+              ('POST', '/mcp'),               # a child process: test_mcp_http.py
+              ('GET', '/.well-known/oauth-protected-resource'), ('GET', '/.well-known/oauth-protected-resource/mcp'),
+              ('GET', '/.well-known/oauth-authorization-server'), ('POST', '/oauth/register'),
+              ('POST', '/oauth/token'),       # test_oauth.py: a host's whole flow
+              ('POST', '/message\\:send'), ('POST', '/message\\:stream'), ('GET', '/tasks/<task_id:re:[^/:]+>'),
+              ('POST', '/tasks/<task_id>\\:cancel')}     # test_a2a.py: the a2a-sdk client
 
 
 def operations(document):
@@ -135,11 +141,13 @@ def test_every_operation_documents_its_errors(document):
         errors = {status for status, content in contents.items()
                   if content.get('application/json', {}).get('schema') == {'$ref': '#/components/schemas/Error'}}
         pages = {status for status, content in contents.items() if set(content) == {'text/html'}}
+        a2a = {status for status, content in contents.items()      # A2A's binding: its own error form
+               if content.get('application/json', {}).get('schema') == {'$ref': '#/components/schemas/A2AError'}}
         assert errors, where
         assert '405' in errors and 'default' in responses, where
         assert not pages or operation['tags'] == ['Pages'], where      # only pages answer errors as pages
         for name in re.findall(r'{(\w+)}', path):
-            assert {'400', '404'} <= errors | pages, where
+            assert {'400', '404'} <= errors | pages | a2a, where
             assert {'name': name, 'in': 'path', 'required': True, 'schema': {'type': 'string', 'format': 'uuid'},
                     'description': 'A UUID (uppercase is accepted).'} in operation['parameters'], where
         if 'requestBody' in operation:
@@ -147,7 +155,10 @@ def test_every_operation_documents_its_errors(document):
         keyed = operation.get('security') == [{'bearerAuth': []}]
         assert keyed == ('401' in errors), where
         if keyed:
-            assert '403' in errors or path == '/api/agents', where     # any key may register an agent
+            # any key may register an agent, list its own claims, speak MCP or A2A (their tools answer refusals;
+            # another account's task is not found)
+            assert '403' in errors or path in ('/api/agents', '/api/claims', '/mcp') or \
+                path.startswith(('/message:', '/tasks/')), where
         # 429 exactly on the rate-limited routes (every GET shares one bucket; /api/health has none).
         assert ('429' in errors) == (buckets[(method, path)] is not None), where
         extra_successes = [status for status in API_ALSO.get((method, path), ()) if status < 300]
@@ -311,6 +322,8 @@ def test_a_whole_marketplace_answers_as_documented(client, check, receiver):
     assert answer.json['autoApproved'] == 1
     answer = check(client.get(f'/api/agents/{agent["id"]}', key=worker_key), 'GET', '/api/agents/<agent_id>', 200)
     assert '-0.50' in [e['delta'] for e in answer.json['reputationHistory']]
+    answer = check(client.get('/api/claims', key=worker_key), 'GET', '/api/claims', 200)
+    assert answer.json['total'] == len(answer.json['claims']) > 0
 
     # Every route's success was validated (the stream aside).
     succeeded = {(method, route) for method, route, status in check.seen if status < 300}

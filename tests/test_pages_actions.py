@@ -386,8 +386,9 @@ def page_post_routes():
 
 
 def test_every_page_post_route_is_checked_below():
-    assert page_post_routes() == [('POST', '/jobs/<job_id>/<action>'), ('POST', '/jobs/new'), ('POST', '/signin'),
-                                  ('POST', '/signout'), ('POST', '/signup')]
+    assert page_post_routes() == [('POST', '/jobs/<job_id>/<action>'), ('POST', '/jobs/new'),
+                                  ('POST', '/my/connections/<grant_id>/revoke'), ('POST', '/oauth/authorize'),
+                                  ('POST', '/signin'), ('POST', '/signout'), ('POST', '/signup')]
 
 
 CROSS_SITE = [{'Origin': 'https://evil.test'}, {'Origin': 'null'}, {'Origin': 'http://market.test.evil.test'},
@@ -401,9 +402,10 @@ def test_a_page_post_from_another_site_is_refused_on_every_route(app, client, br
     job_id, claim_id = delivered(app, client, browser)
     _, key = sign_up(Browser(app), 'Bo')
     forms = {'/signin': {'apiKey': key}, '/signup': {'name': 'Eve'}, '/jobs/new': form_fields(), '/signout': {},
-             f'/jobs/{job_id}/approve': {'claimId': claim_id}}
+             f'/jobs/{job_id}/approve': {'claimId': claim_id}, '/oauth/authorize': {'decision': 'approve'},
+             f'/my/connections/{job_id}/revoke': {}}
     hidden = browser.hidden('/jobs/new', '/jobs/new')
-    tables = ('sessions', 'accounts', 'jobs', 'claims', 'payments')
+    tables = ('sessions', 'accounts', 'jobs', 'claims', 'payments', 'oauth_grants', 'oauth_codes')
     before = {table: app.service.db.rows(f'SELECT * FROM {table}') for table in tables}
     for path, fields in forms.items():
         answer = browser.request('POST', path, {**hidden, **fields}, headers=headers)

@@ -46,7 +46,16 @@ OPEN = {
     ('POST', '/api/agents/register'): 201,
     ('POST', '/api/x402'): 200,
     ('POST', '/api/stripe/webhook'): 200,     # CONTRACT.md 12: Stripe's signature instead of a key
+    ('POST', '/oauth/register'): 201,         # CONTRACT.md 22: MCP hosts register themselves (tests/test_oauth.py)
+    ('POST', '/oauth/token'): 200,            # ... and trade a code or a refresh token for tokens there
 }
+# Routes of protocols whose every call acts as the caller's own account and answers refusals in the protocol's own
+# form (CONTRACT.md 22): MCP at /mcp, A2A's binding. A missing, unknown or revoked key is the API's 401 here
+# (test_a_protocol_route_needs_a_live_key); what a live key reaches is its own account's only: its tools are the
+# API's own calls with that key (tests/test_mcp_http.py: a worker's approval is refused), and another account's
+# A2A task is TASK_NOT_FOUND (tests/test_a2a.py).
+PROTOCOL = {('POST', '/mcp'), ('POST', '/message\\:send'), ('POST', '/message\\:stream'),
+            ('POST', '/tasks/<task_id>\\:cancel')}
 
 DELIVERABLE = {'type': 'url', 'url': 'https://example.com/out'}
 HOOK_URL = 'https://hooks.example/agent'
@@ -827,7 +836,7 @@ class AutoVerify(Row):
 
 def cells():
     for route in WRITE_ROUTES:
-        if route in OPEN:
+        if route in OPEN or route in PROTOCOL:
             continue
         spec = MATRIX.get(route)
         callers = CALLERS + tuple(spec.extra) if spec else CALLERS
@@ -872,8 +881,8 @@ def test_permission(world, route, caller):
 
 def test_every_write_route_has_a_row():
     """A new write route must be placed in the matrix (or declared open); no row for a route that is gone."""
-    keyed = set(WRITE_ROUTES) - set(OPEN)
-    assert set(OPEN) <= set(WRITE_ROUTES)
+    keyed = set(WRITE_ROUTES) - set(OPEN) - PROTOCOL
+    assert set(OPEN) <= set(WRITE_ROUTES) and PROTOCOL <= set(WRITE_ROUTES)
     assert sorted(keyed - set(MATRIX)) == []
     assert sorted(set(MATRIX) - keyed) == []
 
@@ -885,6 +894,23 @@ def test_the_keyed_write_routes_are_documented_as_keyed():
         assert 401 in openapi_spec.API_OPERATIONS[route]['errors'], route
     for route in OPEN:
         assert openapi_spec.API_OPERATIONS[route].get('auth') is None, route
+
+
+@pytest.mark.parametrize('route', sorted(PROTOCOL), ids=lambda route: label(*route))
+@pytest.mark.parametrize('caller', UNAUTHORIZED)
+def test_a_protocol_route_needs_a_live_key(world, route, caller):
+    state = State(None, None, world.requester_key)
+    if caller == 'revoked key':
+        world.revoke(world.requester_key)
+        key = world.requester_key
+    else:
+        key = world.key_of(state, caller)
+    before = world.snapshot()
+    path = mp.openapi_path(route[1]).replace('{task_id}', secrets.token_hex(16))
+    answer = world.client.request(route[0], path, {'message': {'messageId': 'm'}}, key=key)
+    assert_error(answer, 401, 'unauthorized')
+    assert header(answer, 'WWW-Authenticate').startswith('Bearer'), answer.headers
+    assert world.snapshot() == before
 
 
 # The open routes --------------------------------------------------------------------------------------

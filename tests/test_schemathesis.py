@@ -19,7 +19,8 @@ How it works:
   delivered, completed, rejected, cancelled, disputed and overdue; disputes open and decided; arbitrators;
   webhook deliveries). Half of the cases (chosen by a hash of the case) get the ids of seeded resources in
   place of their random UUIDs (with_seeded_ids), so that fuzzing gets past the 404s.
-- Every operation is fuzzed, the SSE stream too: its maximum duration is 50 ms here, so it ends by itself.
+- Every operation is fuzzed (but /mcp, below), the SSE stream too: its maximum duration is 50 ms here, so it ends by
+  itself.
   x402 stays off (it needs a chain node): POST /api/x402 answers its documented 404 `not_priced`.
 - Nothing leaves the process: the app's webhook session is a stub that answers 200 without sending, and a
   socket connection or name lookup for anything but loopback fails the module.
@@ -95,7 +96,9 @@ def load_schema():
         app.service.close()
 
 
-schema = load_schema()
+# /mcp is the only operation not fuzzed here: it proxies to a child process that calls the API back over HTTP, so
+# an app called in-process answers it 503 (tests/test_mcp_http.py sends it bad input against the real server).
+schema = load_schema().exclude(path='/mcp')
 
 # No network ------------------------------------------------------------------------
 
@@ -298,7 +301,7 @@ def fuzz_app(tmp_path_factory):
 
 def test_the_fuzzed_app_serves_this_document(fuzz_app):
     status, _, document = mp.call_app(fuzz_app, 'GET', '/api/openapi.json')
-    assert status == 200 and document == schema.raw_schema
+    assert status == 200 and document == load_schema().raw_schema
 
 
 FUZZ = hypothesis.settings(max_examples=EXAMPLES, derandomize=DERANDOMIZE, database=None, deadline=None,
