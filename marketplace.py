@@ -1902,7 +1902,11 @@ def escrow_sweep(db, settings):
     for call in proposals:
         proposal = onchain.reader.proposal(call['deposit_id'])
         if proposal is None:        # executed by someone else (anyone may), cancelled, or dropped by a reclaim
-            ended = onchain.reader.proposal_end(call['deposit_id'], onchain.chain.receipt(call['tx_hash'])['blockNumber'])
+            proposed = onchain.chain.receipt(call['tx_hash'])
+            if proposed is None:    # reorged away since it was confirmed: nothing to read yet
+                log.warning('escrow: the proposal %s of job %s has no receipt now', call['id'], call['job_id'])
+                continue
+            ended = onchain.reader.proposal_end(call['deposit_id'], proposed['blockNumber'])
             if ended and ended[0] == 'executed':
                 with db.transaction():
                     db.execute("""UPDATE payments SET status = 'confirmed', tx_hash = :tx WHERE call_id = :id
