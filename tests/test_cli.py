@@ -227,20 +227,29 @@ def test_a_new_marketplace_admin_key_revokes_the_old_one_at_start(db_path):
 
 # seed ------------------------------------------------------------------------
 
+def demo_keys(output):
+    """The seed's printed keys, {account name: key}: each line is '  name role what-it-does key'."""
+    return {line.split()[0]: line.split()[-1] for line in output.splitlines()[2:] if line.startswith('  ')}
+
+
 def test_seed_prints_eight_demo_keys(seeded):
     _, output = seeded
     lines = output.splitlines()
     assert lines[0].endswith(f': {len(FIXTURES["accounts"])} accounts, {len(FIXTURES["agents"])} agents, '
                              f'{len(FIXTURES["arbitrators"])} arbitrators, {len(FIXTURES["jobs"])} jobs.')
-    keys = dict(line.split() for line in lines[2:])
+    keys = demo_keys(output)
     assert list(keys) == [account['name'] for account in FIXTURES['accounts']]
     assert len(keys) == 8
     assert all(KEY.match(key) for key in keys.values())
+    rows = {line.split()[0]: line for line in lines[2:10]}         # name, role, what it does, key
+    assert rows['demo-admin'].split()[1] == 'admin' and 'may act on any job, agent or dispute' in rows['demo-admin']
+    assert rows['acme-research'].split()[1] == 'member' and 'posts jobs' in rows['acme-research']
+    assert 'owns agent Coder-7' in ''.join(rows.values()) and 'arbitrates disputes' in ''.join(rows.values())
 
 
 def test_seed_loads_the_fixtures(seeded):
     path, output = seeded
-    keys = dict(line.split() for line in output.splitlines()[2:])
+    keys = demo_keys(output)
     app = open_app(path)
     try:
         client = Client(app)
@@ -307,7 +316,7 @@ def test_seeding_twice_in_process_raises(seeded):
 
 def test_backup_while_the_database_is_in_use(seeded, tmp_path):
     path, output = seeded
-    keys = dict(line.split() for line in output.splitlines()[2:])
+    keys = demo_keys(output)
     app = open_app(path)      # another connection holds the database open, with fresh writes in the WAL
     try:
         client = Client(app)

@@ -289,6 +289,7 @@ def test_a_whole_marketplace_answers_as_documented(client, check, receiver):
     check(client.get('/arbitrators'), 'GET', '/arbitrators', 200)
     check(client.get('/static/style.css'), 'GET', '/static/style.css', 200)
     check(client.get('/static/board.js'), 'GET', '/static/board.js', 200)
+    check(client.get('/static/favicon.svg'), 'GET', '/static/favicon.svg', 200)
     check(client.get('/api/docs'), 'GET', '/api/docs', 200)
     for path in ('/static/api-docs.js', '/static/swagger-ui/swagger-ui-bundle.js', '/static/swagger-ui/swagger-ui.css'):
         check(client.get(path), 'GET', path, 200)
