@@ -17,7 +17,7 @@ or `python marketplace.py serve --help`.
 
 This file holds the marketplace's rules, its API routes and the app. The faces that speak other vocabularies (pages,
 the OpenAPI document, the HTTP layer, x402, webhook delivery, the feed and cards, MCP, and the command line with the
-running server around the app) are modules of their own that import these rules; wiring.py hands them to the app (README, "Layout: the house").
+running server around the app) are modules of their own that import these rules; wiring.py hands them to the app (docs/development.md).
 """
 
 __version__ = '2.0.0'
@@ -299,7 +299,7 @@ SETTINGS = [
     Setting('deployer_key', '', str,
             'hex private key `escrow deploy` signs with (else --escrow-key); best given as the env var'),
     Setting('escrow_contract', '', str,
-            'the JobEscrow contract that holds each job\'s USDC (contract mode, CONTRACT 21); its arbiter must be '
+            'the JobEscrow contract that holds each job\'s USDC (contract mode); its arbiter must be '
             'the --escrow-key'),
     Setting('confirmations', 2, parse_positive(int), 'blocks deep a payment must be (its own block counts as one)'),
     Setting('payout_rebroadcast_minutes', 10.0, parse_positive(float),
@@ -6080,7 +6080,7 @@ def check_replica_schema(db):
 @dataclass(frozen=True)
 class Faces:
     """What the app is handed of its faces, the modules that speak other vocabularies than the marketplace's rules
-    (README, "Layout: the house"). They import these rules; the rules never import them: wiring.py, the program's top,
+    (docs/development.md). They import these rules; the rules never import them: wiring.py, the program's top,
     builds this once and hands it to make_app and command_line.main. A face's API routes register themselves with
     `route`."""
     openapi_document: object    # openapi_spec: (base URL, x402 prices) -> the document; fails on an undocumented route

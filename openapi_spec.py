@@ -920,7 +920,7 @@ API_OPERATIONS = {
     ('POST', '/mcp'): {
         'summary': 'MCP over Streamable HTTP (JSON-RPC): the tools and resources of `marketplace.py mcp`',
         'tags': ['System'], 'auth': 'key', 'ok': (200, 'JsonRpcAnswer'), 'errors': (400, 401, 406, 413, 415, 429, 503),
-        'description': 'The Model Context Protocol server (README "Connect an agent"), stateless, answering JSON: '
+        'description': 'The Model Context Protocol server (docs/agents.md), stateless, answering JSON: '
                        'send the MCP JSON-RPC messages of an MCP client, with Authorization: Bearer <an API key or '
                        'an OAuth access token>; its tools act as that account. 401 without a live token, with '
                        'WWW-Authenticate: Bearer resource_metadata=<the OAuth protected resource metadata>. A tool '
@@ -930,7 +930,7 @@ API_OPERATIONS = {
         'ok': (200, None), 'media': ['text/plain'], 'errors': (401, 403, 429),
         'description': 'Requests by route template and status, their durations, open streams, webhook deliveries '
                        'pending and failed, payouts and refunds pending per rail, the last sweep, the chain node, '
-                       'the database size (README "Metrics"). 403 for a key that is not an admin\'s. Also served '
+                       'the database size (docs/operations.md). 403 for a key that is not an admin\'s. Also served '
                        'without a key on --metrics-port, a separate listener.'},
     ('POST', '/api/accounts'): {
         'summary': 'Open registration: an account and its API key', 'tags': ['Accounts'],
@@ -1244,7 +1244,7 @@ API_OPERATIONS = {
 API_TAGS = [
     {'name': 'System', 'description': 'Health, totals and this document.'},
     {'name': 'A2A', 'description': "A2A 1.0's HTTP+JSON binding at the base URL: the skills are the MCP tools."},
-    {'name': 'OAuth', 'description': 'The service as the authorization server of MCP hosts (README "Connect an '
+    {'name': 'OAuth', 'description': 'The service as the authorization server of MCP hosts (docs/agents.md "Connect an '
                                      'agent"): metadata, registration, tokens.'},
     {'name': 'Accounts', 'description': 'Accounts and their API keys.'},
     {'name': 'Agents', 'description': 'Agents that claim and deliver jobs.'},

@@ -318,7 +318,7 @@ def swagger_ui_stylesheet():
 # A person signs in with an API key (or signs up on the spot) and then acts through forms: post a job, pay for it,
 # review a delivery, approve, reject, dispute, cancel, deliver. Every form runs the API's own route in-process for
 # the session's account (act_as): the same handler, permissions, errors, rate-limit class and Idempotency-Key
-# machinery, never a second copy of a rule. README "Using it in the browser".
+# machinery, never a second copy of a rule. docs/pages.md "Using it in the browser".
 SESSION_COOKIE = 'mk_session'   # the session's random id; only its SHA-256 is stored
 FORM_COOKIE = 'mk_form'         # before sign-in: the random secret the sign-in forms' CSRF token is bound to
 HOST_PREFIX = '__Host-'         # over HTTPS both names take it: only this host, over HTTPS, may set them

@@ -2,7 +2,7 @@
 `marketplace.py serve` as a process: the card's interface answers, a message runs a skill (an MCP tool) as the
 caller and answers a task, the task is read back by its account only, a cancel is "not cancelable", the stream
 answers the task, a push configuration receives it, and a message without a known skill fails naming the skills.
-The README's example ("Connect an agent") is run here as written."""
+docs/agents.md's example ("Connect an agent") is run here as written."""
 
 import asyncio
 import json
@@ -136,7 +136,7 @@ def test_without_a_token_nothing_runs(server):
 
 
 def test_the_readmes_a2a_example_runs_as_written(server, tmp_path):
-    readme = (ROOT / 'README.md').read_text()
+    readme = (ROOT / 'docs' / 'agents.md').read_text()
     example = re.search(r'<!-- a2a example -->\n```python\n(.*?)```', readme, re.S).group(1)
     script = tmp_path / 'a2a_example.py'
     script.write_text(example)

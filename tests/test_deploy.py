@@ -390,8 +390,8 @@ def test_the_unit_runs_the_server_behind_the_proxy_with_files_for_every_connecti
     assert int(options['TimeoutStopSec'][0]) > mp.Settings().shutdown_timeout
     assert flags['--db'].startswith('/var/lib/' + options['StateDirectory'][0] + '/')
     assert options['ReadWritePaths'] == ['/var/lib/marketplace'] and options['ProtectSystem'] == ['strict']
-    # The README's file:// replica lives where the unit can be told to let Litestream write (CONTRACT.md 23).
-    replica = re.search(r'--replica-url file://(/\S+)', (ROOT / 'README.md').read_text()).group(1)
+    # docs/operations.md's file:// replica lives where the unit can be told to let Litestream write (CONTRACT.md 23).
+    replica = re.search(r'--replica-url file://(/\S+)', (ROOT / 'docs' / 'operations.md').read_text()).group(1)
     assert f'#ReadWritePaths={replica}' in text.splitlines()
     assert options['CapabilityBoundingSet'] == ['']
 

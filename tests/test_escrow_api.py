@@ -1,4 +1,4 @@
-"""Contract mode end to end (CONTRACT.md 21, README "The JobEscrow contract"): the real server as a process, a real
+"""Contract mode end to end (CONTRACT.md 21, docs/payments-on-chain.md "The JobEscrow contract"): the real server as a process, a real
 local EVM (anvil) with TestUSDC and a JobEscrow deployed, every job's USDC in the contract and the server's key (the
 contract's arbiter) holding none of it, ever.
 

@@ -1,4 +1,4 @@
-"""The HTTP layer of the real server under abuse (README "Limits"): header and keep-alive time-outs, connection
+"""The HTTP layer of the real server under abuse (docs/limits.md "Limits"): header and keep-alive time-outs, connection
 caps per address and in all, strict framing. Attackers connect from other loopback addresses (127.0.0.2...)
 so that the per-address cap never touches the test's own requests from 127.0.0.1."""
 import http.client

@@ -1,4 +1,4 @@
-"""Idempotency keys on every POST and PATCH (CONTRACT.md 14, README "Retrying safely").
+"""Idempotency keys on every POST and PATCH (CONTRACT.md 14, docs/api.md "Retrying safely").
 
 Through the real server: a replay is the first answer byte for byte with Idempotent-Replayed; another body, path or
 method is 422; keys are per account, and per client address without an API key; twelve threads with one key make

@@ -1,4 +1,4 @@
-"""The house (README "Layout: the house"): one file of rules, a room for each face, imports that run one way.
+"""The house (docs/development.md "Layout: the house"): one file of rules, a room for each face, imports that run one way.
 
 The import graph is read from the source (every import, at any depth, but the `if __name__ == '__main__'` block
 that hands a script run over to wiring.py), so an import hidden inside a function counts as any other."""

@@ -1,4 +1,4 @@
-"""Limits on everything a caller controls (README "Limits"): each refused with a clear 4xx, the limit itself
+"""Limits on everything a caller controls (docs/limits.md "Limits"): each refused with a clear 4xx, the limit itself
 accepted, and nothing stored by a refused request."""
 import json
 import socket

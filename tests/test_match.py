@@ -2,7 +2,7 @@
 
 CONTRACT.md sections 1 (lists, errors), 2 (webhookUrl only to its owner) and 11 ("Match");
 SPEC.md Jobs and Agents endpoints. The scores are those of marketplace.py's MATCH_JOBS_SQL and
-agent_match_score, as the README documents them.
+agent_match_score, as docs/api.md documents them.
 """
 
 from datetime import timedelta

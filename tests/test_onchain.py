@@ -1,7 +1,7 @@
-"""Onchain mode end to end (CONTRACT.md 7, README "USDC on Base: onchain mode"): the real server as a process,
+"""Onchain mode end to end (CONTRACT.md 7, docs/payments-on-chain.md "USDC on Base: onchain mode"): the real server as a process,
 a real local EVM (anvil, tests/chain.py) with TestUSDC at the Base USDC address, and real USDC transfers.
 
-Funding checks on chain, a stranger who posts someone else's funding transfer (and the README's example of
+Funding checks on chain, a stranger who posts someone else's funding transfer (and docs/security.md's example of
 signing one), payouts and refunds that land in wallets, a crash between the commit and the broadcast (an RPC
 proxy that holds eth_sendRawTransaction), and a node that is down or on another chain.
 Every test uses the `usdc` fixture, so the chain is put back as it was after it. Only 127.0.0.1.
@@ -31,7 +31,7 @@ from test_server import claim_and_deliver
 
 import marketplace as mp
 
-README = (ROOT / 'README.md').read_text()
+SECURITY_DOC = (ROOT / 'docs' / 'security.md').read_text()
 TIMEOUT = 20                # seconds for any one HTTP call: only to avoid hanging, never asserted
 ESCROW_KEY, ESCROW = DEV_KEYS[1], DEV_ADDRESSES[1]
 PAYER_KEY, PAYER = DEV_KEYS[2], DEV_ADDRESSES[2]
@@ -377,8 +377,8 @@ def test_a_stranger_cannot_take_a_requesters_funding_transfer(anvil, usdc, tmp_p
 
 
 def test_the_readmes_funding_example_runs_as_written(anvil, usdc, tmp_path):
-    """README "What stops theft": sign_funding.py and the curl that posts it, against the server."""
-    block = README.split('<!-- funding:start -->')[1].split('<!-- funding:end -->')[0]
+    """docs/security.md "What stops theft": sign_funding.py and the curl that posts it, against the server."""
+    block = SECURITY_DOC.split('<!-- funding:start -->')[1].split('<!-- funding:end -->')[0]
     python = block.split('```python')[1].split('```')[0]
     script = block.split('```sh')[1].split('```')[0]
     (tmp_path / 'sign_funding.py').write_text(python)
@@ -417,7 +417,7 @@ def test_a_transfer_older_than_the_max_age_is_expired(anvil, usdc, tmp_path):
 
 # 3. Approval pays the worker on chain ----------------------------------------------
 
-# README "Money and escrow": the fee is rounded down to the cent, so 2.5 % of 25.00 is 0.62 (not 0.625).
+# docs/api.md "Money and escrow": the fee is rounded down to the cent, so 2.5 % of 25.00 is 0.62 (not 0.625).
 @pytest.mark.parametrize('fee_percent, paid, fee', [('0', 25_000_000, 0), ('2.5', 24_380_000, 620_000)])
 def test_approval_moves_usdc_to_the_worker_wallet(anvil, usdc, tmp_path, fee_percent, paid, fee):
     db = tmp_path / 'm.db'

@@ -1,4 +1,4 @@
-"""The service in onchain mode (CONTRACT.md 7, README "USDC on Base: onchain mode"), in-process, against a
+"""The service in onchain mode (CONTRACT.md 7, docs/payments-on-chain.md "USDC on Base: onchain mode"), in-process, against a
 fake JSON-RPC node served by `responses` (test_verifier.FakeNode): nothing leaves the process.
 
 Funding (POST /api/jobs on rail base with escrowTxHash and the payer's escrowSignature), payouts and refunds signed with the escrow key,

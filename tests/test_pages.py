@@ -1,4 +1,4 @@
-"""The job board for people: the HTML pages (README "The job board: pages for people").
+"""The job board for people: the HTML pages (docs/pages.md "The job board: pages for people").
 
 GET / (open jobs, filters, search, the live stream's URL), /jobs/:id (what is asked, the timeline, claims,
 payments, block-explorer links on chain), /agents and /agents/:id (leaderboard, profile, the reputation

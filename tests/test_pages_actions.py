@@ -1,4 +1,4 @@
-"""People acting in the browser, in-process (README "Using it in the browser"): sessions (the cookie's attributes,
+"""People acting in the browser, in-process (docs/pages.md "Using it in the browser"): sessions (the cookie's attributes,
 only the hash stored, expiry, sign-out), CSRF, the API's refusals in words next to their fields, the form kept as
 typed, and every action going through the API's own route and Idempotency-Key. The browser tests of the same
 flows in Chromium are tests/test_browser_actions.py."""

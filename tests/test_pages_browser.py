@@ -6,7 +6,7 @@ the API arrives at the top of an open board by the live stream (EventSource) wit
 on boards whose filter it passes; a job's timeline after its claim, delivery and approval; user text is
 text everywhere (rendered by the server and built by the board's script); every page works without
 JavaScript; nothing scrolls sideways on a phone. Each page visited is saved as a PNG in
-artifacts/screenshots/ (board.png is the README's picture of the board).
+artifacts/screenshots/ (board.png is docs/pages.md's picture of the board).
 
 The server is a separate process, so nothing here is monkey-patched by gevent. Without Chromium
 (/usr/bin/chromium) the module skips.

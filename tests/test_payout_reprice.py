@@ -1,4 +1,4 @@
-"""Stuck payouts re-priced with the same nonce (CONTRACT.md 19, README "USDC on Base: onchain mode"), in-process
+"""Stuck payouts re-priced with the same nonce (CONTRACT.md 19, docs/payments-on-chain.md "USDC on Base: onchain mode"), in-process
 against the fake JSON-RPC node of test_verifier: a payout unmined past --payout-rebroadcast-minutes, or refused
 for its fee, is re-signed with a higher fee and stored before it is sent; whichever of its hashes is mined pays,
 once. And secrets out of logs: redact_url and the log filter."""

@@ -410,7 +410,7 @@ class StripeOnboarding(Row):
 
 @row('POST', '/api/agents/<agent_id>/webhooks/<delivery_id>/redeliver')
 class Redeliver(Row):
-    """The agent's owner or an admin (API_OPERATIONS and README "Webhooks"); 202 {delivery}."""
+    """The agent's owner or an admin (API_OPERATIONS and docs/api.md "Webhooks"); 202 {delivery}."""
     status = 202
 
     def setup(self, w, caller):
@@ -769,7 +769,7 @@ class PostArbitrator(Row):
 
 @row('PATCH', '/api/arbitrators/<arbitrator_id>')
 class PatchArbitrator(Row):
-    """Admins only (API_OPERATIONS, README "Disputes and arbitration"): activating a pending arbitrator and
+    """Admins only (API_OPERATIONS, docs/api.md "Disputes and arbitration"): activating a pending arbitrator and
     trusting it. Owner: the arbitrator's own account (it may not activate or trust itself)."""
     allowed = ('admin',)
     revoke = 'admin'
@@ -1089,7 +1089,7 @@ def test_a_revoked_member_keys_session_is_signed_out_and_acts_no_more(world):
 
 
 def test_a_session_of_a_retired_env_admin_key_cannot_release_a_strangers_escrow(tmp_path):
-    """The README's remedy for a leaked admin key (a new MARKETPLACE_ADMIN_KEY) ends what the old key opened: its
+    """docs/security.md's remedy for a leaked admin key (a new MARKETPLACE_ADMIN_KEY) ends what the old key opened: its
     sessions, and its account's admin role. A restart with the same key changes nothing."""
     old, new = ADMIN_KEY, 'new-admin-key-' + secrets.token_urlsafe(32)
 

@@ -456,7 +456,7 @@ def test_a_lagging_replica_refuses_every_read_but_health_metrics_and_static_file
 
 def test_a_view_that_caught_up_or_failed_is_replaced_before_reads_are_served_again(monkeypatch):
     """Unit level, a scripted view (its lag at each look): litestream-vfs 0.5.17 may lose the changes of the L0 files
-    it reads in the poll that brings an L1 compaction (README, "Read replicas"), most likely when a replica catches
+    it reads in the poll that brings an L1 compaction (docs/operations.md "Read replicas"), most likely when a replica catches
     up after lagging, and may then fail a read ("malformed"). So a view that caught up, or failed, is replaced by a
     fresh one, and reads stay refused (replica_resync_lag) until the fresh view is within the limit."""
     class Done(Exception):

@@ -1,4 +1,4 @@
-"""The attacks that took other people's money from version 1 (CONTRACT.md 18, README "What stops theft"), each
+"""The attacks that took other people's money from version 1 (CONTRACT.md 18, docs/security.md "What stops theft"), each
 against the real server as a process, on anvil where money moves. The stranger's funding-hash attack is in
 test_onchain.py (test_a_stranger_cannot_take_a_requesters_funding_transfer), the six concurrent authorizations in
 test_x402_live.py, the private deliverables in test_jobs.py (test_a_deliverable_is_private_on_the_real_server);

@@ -1,6 +1,6 @@
 """Webhooks: the outbox and its routing, delivery and retries, chat formats, SSRF checks, and the routes.
 
-CONTRACT.md sections 2 and 6 ("Webhooks"), 11; SPEC.md "Events: Webhooks"; README "Webhooks".
+CONTRACT.md sections 2 and 6 ("Webhooks"), 11; SPEC.md "Events: Webhooks"; docs/api.md "Webhooks".
 Everything runs in-process: no background worker runs here, so each test makes the attempts itself with
 webhook_delivery.deliver_webhook against the conftest `receiver` (a real HTTP server on 127.0.0.1) and moves time
 with mp.CLOCK.

@@ -1,7 +1,7 @@
 """Webhooks under abuse, against the real server: dead receivers delay only themselves, and a job post does not
 wait for the fan-out to 20,000 agents.
 
-CONTRACT.md section 19 (the third bullet); README "Webhooks" and "Limits". The agents are written straight into
+CONTRACT.md section 19 (the third bullet); docs/api.md "Webhooks" and "Limits". The agents are written straight into
 the database before the server starts (registering 20,000 through the API would take minutes); the dead receivers
 are one socket on 127.0.0.1 that accepts every connection and never answers.
 """

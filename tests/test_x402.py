@@ -1,4 +1,4 @@
-"""x402 pay-per-call in the service (CONTRACT.md 7, README "Pay per call: x402"), in-process against anvil.
+"""x402 pay-per-call in the service (CONTRACT.md 7, docs/x402.md "Pay per call: x402"), in-process against anvil.
 
 Settings (--x402-price, --x402-pay-to, MARKETPLACE_X402_PRICE, what refuses to start); the 402 of a priced call;
 who pays (every key but admin keys and exempt accounts; an unknown key 401); aliases priced alike; form-1 proofs

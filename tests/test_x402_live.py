@@ -1,5 +1,5 @@
-"""x402 pay-per-call end to end (CONTRACT.md 7, README "Pay per call: x402"): the real server as a process in
-onchain mode on anvil (tests/chain.py), paid by the official x402 client (x402[evm,requests]), by the README's
+"""x402 pay-per-call end to end (CONTRACT.md 7, docs/x402.md "Pay per call: x402"): the real server as a process in
+onchain mode on anvil (tests/chain.py), paid by the official x402 client (x402[evm,requests]), by docs/x402.md's
 own python and sh blocks, and by form-1 proofs of real transfers; concurrent payers racing one payment; the
 settings through the environment and the command line; and a crash between storing a settlement and sending it
 (the JSON-RPC proxy of test_onchain.py holding eth_sendRawTransaction).
@@ -38,7 +38,7 @@ TIMEOUT = 20                # seconds for any one HTTP call: only to avoid hangi
 ESCROW_KEY, ESCROW = DEV_KEYS[1], DEV_ADDRESSES[1]     # relays the settlements and pays their gas
 PRICE = 10_000              # 0.01 USDC in base units
 MATCH = '/api/jobs/match?categories=code'
-README = (ROOT / 'README.md').read_text()
+X402_DOC = (ROOT / 'docs' / 'x402.md').read_text()
 PYTHON = str(ROOT / '.venv' / 'bin' / 'python')
 MATCH_PRICE = ('--x402-price', 'GET /api/jobs/match=0.01')
 
@@ -117,7 +117,7 @@ def assert_x402_refused(answer, code, status=402):
 
 
 def proof_header(anvil, tx_hash, payer, key):
-    """A form-1 X-PAYMENT as the README builds it (printf of the JSON | base64 -w0) for a transfer made, with the
+    """A form-1 X-PAYMENT as docs/x402.md builds it (printf of the JSON | base64 -w0) for a transfer made, with the
     sender's PaymentProof signature for GET /api/jobs/match."""
     timestamp = anvil.w3.eth.get_block(anvil.receipt(tx_hash)['blockNumber'])['timestamp']
     text = ('{"x402Version":1,"scheme":"exact","network":"base","payload":{"txHash":"%s",\n"from":"%s",'
@@ -192,13 +192,13 @@ def wait_until(done, seconds=10, message='condition'):
 
 
 def readme_x402_blocks(language):
-    """The ```language blocks of the README's section "## Pay per call: x402"."""
-    section = README.split('\n## Pay per call: x402\n')[1].split('\n## ')[0]
+    """The ```language blocks of docs/x402.md's section "## Pay per call: x402"."""
+    section = X402_DOC.split('\n## Pay per call: x402\n')[1].split('\n## ')[0]
     return re.findall(rf'^```{language}\n(.*?)^```$', section, re.MULTILINE | re.DOTALL)
 
 
 def readme_proof_checks():
-    """The answer of POST /api/x402 to a good proof, as the README's form-1 block shows it."""
+    """The answer of POST /api/x402 to a good proof, as docs/x402.md's form-1 block shows it."""
     [block] = [b for b in readme_x402_blocks('sh') if '"txHash"' in b]
     shown = block.split('# → 200 ')[1].split('(checked, not taken)')[0]
     return json.loads(' '.join(line.lstrip('#').strip() for line in shown.splitlines()))
@@ -212,7 +212,7 @@ def test_the_official_client_pays_in_version_2_and_a_replayed_header_is_refused(
         expected = open_code_job(server)
         refusal = requests.get(server.url + MATCH, timeout=TIMEOUT)
         unpaid = assert_x402_refused(refusal, 'payment_required')
-        [accepts] = unpaid['accepts']       # what the README shows a version 1 client is offered
+        [accepts] = unpaid['accepts']       # what docs/x402.md shows a version 1 client is offered
         assert accepts == {'scheme': 'exact', 'network': 'base', 'maxAmountRequired': '10000',
                            'resource': server.url + '/api/jobs/match', 'description': accepts['description'],
                            'mimeType': 'application/json', 'payTo': PAY_TO, 'maxTimeoutSeconds': 60, 'asset': USDC,
@@ -262,7 +262,7 @@ def test_the_official_client_pays_in_version_2_and_a_replayed_header_is_refused(
              ('authorization', payer, PRICE, 'confirmed', second['transaction'])]
 
 
-# 2. The README's blocks, as written --------------------------------------------------
+# 2. The doc's blocks, as written --------------------------------------------------
 
 def test_the_readme_python_block_pays_with_the_official_client(anvil, usdc, tmp_path):
     [script] = [b for b in readme_x402_blocks('python') if 'x402_requests' in b]
@@ -311,7 +311,7 @@ def test_the_readme_form1_flow_a_proof_checks_pays_once(anvil, usdc, tmp_path):
                                 headers={'X-PAYMENT': header}, timeout=TIMEOUT)
         assert checked.status_code == 200, checked.text
         assert checked.json() == readme_proof_checks()
-        assert checked.json()['valid'] is True and checked.json()['form'] == 'proof'     # the README's dict is that
+        assert checked.json()['valid'] is True and checked.json()['form'] == 'proof'     # docs/x402.md's dict is that
         assert x402_rows(server.db) == []                                                 # checked, not taken
 
         paid = paid_get(server, header)

@@ -1,4 +1,4 @@
-"""x402 form 2 settled (CONTRACT.md 7, README "Pay per call: x402"): an EIP-3009 authorization pays a priced call,
+"""x402 form 2 settled (CONTRACT.md 7, docs/x402.md "Pay per call: x402"): an EIP-3009 authorization pays a priced call,
 in-process against a real local EVM (anvil, tests/chain.py) with TestUSDC at the Base USDC address.
 
 The escrow wallet (DEV_ADDRESSES[1]) relays each settlement and pays its gas, while the USDC goes to the x402

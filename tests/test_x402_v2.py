@@ -1,4 +1,4 @@
-"""x402 version 2 beside version 1 (CONTRACT.md 13, README "Pay per call: x402"): the wire format of version 2
+"""x402 version 2 beside version 1 (CONTRACT.md 13, docs/x402.md "Pay per call: x402"): the wire format of version 2
 read and written as the official `x402` SDK (pinned 2.25.0) reads and writes it, and checked by the same
 verifier.x402.evaluate_payment as version 1; then, in-process on anvil, a PAYMENT-SIGNATURE paying with either
 payload form, a replay refused, an `accepted` that was not offered refused with nothing moved, the PAYMENT-REQUIRED
