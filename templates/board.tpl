@@ -19,7 +19,7 @@
 <p class="count"><span id="total">{{total}}</span> {{'' if status == 'any' else status + ' '}}<span id="noun">{{'job' if total == 1 else 'jobs'}}</span>{{' matching "' + q + '"' if q else ''}}{{', showing the newest ' + str(len(jobs)) if total > len(jobs) else ''}}.</p>
 <ol id="jobs" class="jobs"{{!' data-stream="' + stream + '"' if stream else ''}}>
 % for job in jobs:
-% include('job_row.tpl', job=job)
+% include('job_row.tpl', job=job, show_status=status != 'open')     # a board of other statuses says each job's
 % end
 </ol>
 % if not jobs:

@@ -43,7 +43,7 @@
       <a href="{{event['link']}}">the dispute</a>
 % end
 % if event.get('txHash'):
-      <span class="tx">{{!'<a href="' + explorer + '/tx/' + event['txHash'] + '">' if explorer else ''}}{{event['txHash'][:10] + '…'}}{{!'</a>' if explorer else ''}}</span>
+      <span class="tx" title="{{event['txHash']}}">{{!'<a href="' + explorer + '/tx/' + event['txHash'] + '">' if explorer else ''}}{{short(event['txHash'])}}{{!'</a>' if explorer else ''}}</span>
 % end
 % if event.get('reference'):
       <span class="tx">{{!'<a href="' + dashboard(event['reference']) + '">' if dashboard and dashboard(event['reference']) else ''}}{{event['reference']}}{{!'</a>' if dashboard and dashboard(event['reference']) else ''}}</span>

@@ -699,7 +699,7 @@ def test_on_chain_transaction_hashes_link_to_the_chains_explorer(onchain, chain_
     events = {e['what']: e for e in timeline(page)}
     for what, tx_hash in (('Escrow locked', funding), ('Paid to the worker', release['txHash'])):
         span = events[what]['tx']
-        assert span.text() == tx_hash[:10] + '…'
+        assert (span.text(), span.attrs['title']) == (short(tx_hash), tx_hash)      # short, and whole on hover
         assert span.find('a').attrs['href'] == f'{explorer}/tx/{tx_hash}'
     funded = [p for p in page.find_all('p') if p.text().startswith('Funded on chain by')]
     assert len(funded) == 1 and funded[0].find('a').attrs['href'] == f'{explorer}/tx/{funding}'
