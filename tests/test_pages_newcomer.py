@@ -389,3 +389,28 @@ def test_transaction_hashes_are_short_in_the_payments_table_and_whole_on_hover_a
         assert tab.errors == []
         screenshot(page, name)
         element_screenshot(page.locator('table.payments'), f'{name}-table')
+
+
+def test_the_api_docs_page_says_a_429_in_words(server, tabs):
+    """/api/docs when its document is refused for its rate (an older server, a proxy's limit), and a try-it-out call
+    refused: "rate limited, try again in N s", never Swagger UI's "does not specify a valid version field"."""
+    tab = tabs()
+    page = tab.page
+
+    def refused(seconds):
+        body = {'error': 'Too many requests.', 'code': 'rate_limited', 'status': 429, 'retryAfter': seconds}
+        return lambda route: route.fulfill(status=429, json=body, headers={'Retry-After': str(seconds)})
+
+    page.route('**/api/openapi.json', refused(42))
+    tab.open(server, '/api/docs')
+    expect(page.locator('[role=alert]')).to_have_text('The API document could not be read: rate limited, try again '
+                                                      'in 42 s.')
+    assert 'version field' not in page.locator('body').inner_text()
+    page.unroute('**/api/openapi.json')
+    page.route('**/api/health', refused(7))
+    tab.open(server, '/api/docs')
+    page.locator('#operations-Discovery-get_api_health, [id$="get_api_health"]').first.click()
+    page.get_by_role('button', name='Try it out').click()
+    page.get_by_role('button', name='Execute').click()
+    expect(page.locator('.live-responses-table')).to_contain_text('rate limited, try again in 7 s')
+    element_screenshot(page.locator('.live-responses-table'), 'api-docs-429')
