@@ -3,15 +3,16 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 DB     ?= marketplace.db
+CHAIN_DB ?= chain-demo.db
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 FUZZ_EXAMPLES ?= 200
 
 .DEFAULT_GOAL := help
-.PHONY: help run serve seed test test-replicas fuzz bench contracts clean
+.PHONY: help run serve seed chain-demo test test-replicas fuzz bench contracts clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 # The service's packages (requirements.txt) for make run; the tests' too (requirements-dev.txt) for make test. A
 # .venv without a working pip (python3-venv was missing when it was made) is made again, never a dead end.
@@ -42,6 +43,12 @@ run: $(VENV)/stamp  ## serve the demo on http://127.0.0.1:8080 (HOST=0.0.0.0 POR
 seed: $(VENV)/stamp  ## load the demo fixtures into a new database (DB=marketplace.db); keys in demo-keys.txt
 	$(PY) marketplace.py seed --db $(DB) --keys-file demo-keys.txt
 
+# A new chain each time, so a new database each time (CHAIN_DB; its keys in chain-demo-keys.txt). Ctrl-C ends both.
+chain-demo: $(VENV)/stamp node_modules/.stamp  ## rehearse contract mode: a local chain, test USDC, the JobEscrow, funded wallets (HOST, PORT)
+	@rm -f $(CHAIN_DB) $(CHAIN_DB)-wal $(CHAIN_DB)-shm $(CHAIN_DB).anvil.log
+	$(PY) marketplace.py chain-demo --db $(CHAIN_DB) --host $(HOST) --port $(PORT) --open-arbitration \
+		--rate-limit-scale 100 --allow-private-webhooks --fee-percent 2 --sweep-interval 5
+
 test: $(VENV)/dev-stamp node_modules/.stamp  ## run the whole test suite
 	$(PY) -m pytest -q
 
@@ -60,4 +67,5 @@ contracts: node_modules/.stamp  ## rebuild contracts/JobEscrow.json and fixtures
 	node contracts/compile.js
 
 clean:  ## remove the virtual environment and the local database
-	rm -rf $(VENV) $(DB) $(DB)-wal $(DB)-shm $(DB).litestream.yml .pytest_cache
+	rm -rf $(VENV) $(DB) $(DB)-wal $(DB)-shm $(DB).litestream.yml .pytest_cache \
+		$(CHAIN_DB) $(CHAIN_DB)-wal $(CHAIN_DB)-shm $(CHAIN_DB).anvil.log chain-demo-keys.txt

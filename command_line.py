@@ -1,6 +1,6 @@
 """The operator's face: the command line (`marketplace.py serve | seed | sweep | backup | restore | check-ledger |
-keys | escrow | mcp`) and the running server around the app (signals, the sweeper, the webhook fan-out and worker,
-the --metrics-port listener, the heartbeat of a replicated primary, a read replica's watchers).
+keys | escrow | mcp | chain-demo`) and the running server around the app (signals, the sweeper, the webhook fan-out
+and worker, the --metrics-port listener, the heartbeat of a replicated primary, a read replica's watchers).
 
 The rules (marketplace.py) decide; this module starts and stops what runs them, parses flags into Settings, and
 prints what an operator reads. It is handed the other faces it starts (the HTTP server, the webhook worker, MCP) in
@@ -122,7 +122,7 @@ def watch_replica_forever(service):
     """On a read replica: every second, look at the lag. Past --max-replica-lag, reopen the view of the replica,
     at most once per --max-replica-lag seconds, with one log line saying why: a litestream-vfs connection opened
     before the primary's first compaction stops following at the second one and never catches up (0.5.17, an
-    upstream bug: README, "Read replicas"), while a new connection in the same process reads the replica as it is.
+    upstream bug: docs/operations.md), while a new connection in the same process reads the replica as it is.
     A primary whose Litestream stopped makes every replica lag too: reopening then changes nothing, and reads go
     on being refused until the heartbeats arrive again.
 
@@ -271,8 +271,12 @@ def serve(settings, faces):
     webhooks = faces.webhook_worker(app.service)
     deliverer = gevent.spawn(webhooks.run)
     heartbeat = gevent.spawn(heartbeat_forever, app.service) if settings.replica_url else None
-    payments = (f'payments onchain, chain {settings.chain_id}, escrow {settings.onchain.escrow_address}'
-                if settings.onchain else 'payments simulated')
+    payments = 'payments simulated'
+    if settings.onchain and settings.onchain.contract:
+        payments = (f'payments onchain, chain {settings.chain_id}, escrow in the JobEscrow contract '
+                    f'{settings.onchain.contract} (arbiter {settings.onchain.escrow_address})')
+    elif settings.onchain:
+        payments = f'payments onchain, chain {settings.chain_id}, escrow wallet {settings.onchain.escrow_address}'
     if app.service.x402:
         payments += '; x402: ' + ', '.join(f'{price.endpoint} {price.usdc} USDC' for price in settings.x402_price) \
             + f' to {app.service.x402.pay_to}'
@@ -419,6 +423,122 @@ def demo_key_lines(fixtures, keys):
             (['may act on any job, agent or dispute'] if roles[name] == 'admin' else [])
         lines.append(f'{name:<16} {roles[name]:<6} {", ".join(what) or "-":<40} {key}')
     return lines
+
+
+def chain_demo(settings, serve_args, faces, out=print):
+    """`chain-demo` (make chain-demo, CONTRACT 23): rehearse contract mode on a local chain. Start anvil with test
+    USDC and deploy the JobEscrow (verifier/rehearsal.py), seed a new --db (its keys in <db>-keys.txt), print what to
+    try, then become `serve` with `serve_args` and the chain's flags (exec: the same process, so the chain, tied to
+    it, ends when the server does). Returns only on failure (an exception)."""
+    from verifier.rehearsal import ARBITER_KEY, CHAIN_ID, LocalChain
+    if settings.rpc_url or settings.escrow_contract or settings.usdc_address:
+        raise ValueError('it starts a chain of its own: give it no --rpc-url, --escrow-contract or --usdc-address '
+                         '(nor their MARKETPLACE_ variables)')
+    db = Path(settings.db)
+    if db.exists():
+        raise ValueError(f'{db} exists: each rehearsal seeds a new database for its new chain (make chain-demo '
+                         'removes the last one first)')
+    keys_file = db.with_name(db.stem + '-keys.txt')
+    chain = LocalChain(f'{db}.anvil.log', settings.fee_percent).start()
+    try:
+        deployed = chain.deploy()
+        keys = seed(settings, HERE / 'fixtures' / 'demo.json', faces, out=out, keys_file=keys_file)
+    except BaseException:
+        chain.stop()
+        raise
+    out(chain_demo_guide(settings, chain.url, CHAIN_ID, deployed, keys, keys_file))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, str(HERE / 'marketplace.py'), 'serve', *serve_args,
+                               '--rpc-url', chain.url, '--chain-id', str(CHAIN_ID),
+                               '--usdc-address', deployed['usdc'], '--escrow-contract', deployed['escrow']],
+              dict(os.environ, MARKETPLACE_ESCROW_KEY=ARBITER_KEY))
+
+
+def chain_demo_guide(settings, rpc_url, chain_id, deployed, keys, keys_file):
+    """What `chain-demo` prints before it serves: the chain, its contracts and keys (all test keys), which demo
+    wallet goes with which demo account, and what to try."""
+    host = '127.0.0.1' if settings.host in ('0.0.0.0', '::', '') else settings.host
+    api = settings.public_url.rstrip('/') or f'http://{host}:{settings.port}'
+    wallets = dict(zip(('acme-research', 'northwind-data'), deployed['wallets']))   # the demo's two requesters
+    first, wallet = next(iter(wallets.items()))
+    deadline = iso(now().replace(microsecond=0) + timedelta(days=2)).replace('.000Z', 'Z')
+    job = ('{"title": "Rehearsal", "description": "Paid from the JobEscrow.", "category": "code", '
+           f'"paymentAmount": "25.00", "deadline": "{deadline}"}}')
+    fee = f'{settings.fee_percent} % of each release' if settings.fee_percent else 'the fees (--fee-percent is 0)'
+    return '\n'.join([
+        '',
+        '=' * 100,
+        f'Contract mode rehearsed on a local chain (anvil, chain id {chain_id}: not Base) that lives as long as',
+        'this server. Its money is TestUSDC, which anyone may mint: NOT real USDC. Every key below is one of anvil\'s',
+        'dev keys: TEST KEYS, published everywhere. Never send real funds to their addresses.',
+        '',
+        f'  RPC URL         {rpc_url}   (this machine only; anvil\'s log: {settings.db}.anvil.log)',
+        f'  test USDC       {deployed["usdc"]}   (TestUSDC, 6 decimals)',
+        f'  JobEscrow       {deployed["escrow"]}   (fee cap {deployed["maxFeeBps"]} bps, arbiterDelay '
+        f'{deployed["arbiterDelay"]} s)',
+        f'  arbiter         {deployed["arbiter"]}   the server\'s key: ETH for gas, never any USDC',
+        f'  guardian        {deployed["guardian"]}   cancels proposals (marketplace.py escrow cancel)',
+        f'                  test key {deployed["guardianKey"]}',
+        f'  fee recipient   {deployed["feeRecipient"]}   receives {fee}, from the contract',
+        '',
+        f'Demo wallets, one per demo account that posts jobs: 10000 ETH and {format_units(wallet["usdc"], "USDC")} '
+        'test USDC each.',
+        'Any wallet may fund any account\'s job (a deposit names the account it funds, not a wallet).',
+        *(line for name, item in wallets.items()
+          for line in (f'  {name:<15} {item["address"]}', f'                  test key {item["key"]}')),
+        f'The demo accounts\' API keys are above, and in {keys_file}. The seeded jobs are simulated (they settle in',
+        'the ledger only); the jobs you fund as below move test USDC.',
+        '',
+        f'What to try, against {api}:',
+        f'  KEY={keys[first]}    # {first}\'s API key',
+        f'  1. curl -s {api}/api/health',
+        '     -> "payments": "onchain", "escrow": {"mode": "contract", ' + f'"contract": "{deployed["escrow"]}", ...}}',
+        f'  2. curl -s {api}/api/jobs -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" \\',
+        f"       -d '{job}'",
+        '     -> 402 payment_required, with escrowRequirements: the contract, the amount in base units, your',
+        '        account\'s hash, minRefundAfter: the deposit that would fund this job',
+        f'  3. Fund it from {first}\'s wallet (approve, deposit) and post it with escrowDepositId:',
+        ".venv/bin/python - <<'EOF'",
+        'import json, os, time, requests',
+        'from web3 import Web3',
+        'from web3.middleware import SignAndSendRawMiddlewareBuilder',
+        f'API, KEY = {api!r}, {keys[first]!r}',
+        f'WALLET_KEY = {wallet["key"]!r}',
+        f'w3 = Web3(Web3.HTTPProvider({rpc_url!r}))',
+        'w3.middleware_onion.inject(SignAndSendRawMiddlewareBuilder.build(WALLET_KEY), layer=0)   # signs locally',
+        'me = w3.eth.account.from_key(WALLET_KEY).address',
+        f'job = {json.loads(job)!r}',
+        "post = lambda **more: requests.post(API + '/api/jobs', json=dict(job, **more),",
+        "                                    headers={'Authorization': 'Bearer ' + KEY})",
+        "need = post().json()['escrowRequirements']          # the 402: what to deposit",
+        "usdc = w3.eth.contract(need['token'], abi=json.load(open('fixtures/TestUSDC.json'))['abi'])",
+        "escrow = w3.eth.contract(need['contract'], abi=json.load(open('contracts/JobEscrow.json'))['abi'])",
+        "account, amount, refund_after = need['account'], int(need['amount']), need['minRefundAfter']",
+        'salt = os.urandom(32)',
+        'for call in (usdc.functions.approve(escrow.address, amount),',
+        '             escrow.functions.deposit(account, amount, refund_after, salt)):',
+        "    w3.eth.wait_for_transaction_receipt(call.transact({'from': me}))",
+        "deposit = '0x' + escrow.functions.depositId(me, account, refund_after, salt).call().hex()",
+        "while (answer := post(escrowDepositId=deposit)).json().get('code') == 'payment_pending':",
+        '    time.sleep(1)                                   # until the deposit is --confirmations deep',
+        "job = answer.json()['job']",
+        "print(answer.status_code, job['status'], job['escrowStatus'], API + '/jobs/' + job['id'])",
+        'EOF',
+        '     -> 201 open locked, and the job\'s page: its 25.00 USDC is in the contract, not with the server',
+        f'  4. The board: {api}/ (sign in with a demo key). Once a worker has delivered, approving with',
+        '     the payer\'s Release signature (releaseTypedData in GET /api/jobs/:id) pays at once; approving without',
+        f'     it proposes the payout, which waits {deployed["arbiterDelay"] // 3600} h (the guardian may cancel it).',
+        '  5. The guardian\'s watch, from another terminal: every pending proposal, and the job it pays',
+        f'     .venv/bin/python marketplace.py escrow proposals --rpc-url {rpc_url} --chain-id {chain_id} \\',
+        f'       --escrow-contract {deployed["escrow"]} --db {settings.db}',
+        '     Skip the delay on this chain (the next sweep then executes the payout):',
+        f'     curl -s {rpc_url} -H "Content-Type: application/json" \\',
+        f'       -d \'{{"jsonrpc": "2.0", "id": 1, "method": "evm_increaseTime", "params": [{deployed["arbiterDelay"] + 1}]}}\'',
+        'How contract mode works, and what each escrow mode risks: docs/payments-on-chain.md',
+        'Ctrl-C stops the server and its chain; the next make chain-demo starts both afresh.',
+        '=' * 100,
+    ])
 
 
 ###############################################################################
@@ -595,6 +715,9 @@ def main(faces, argv=None):
     cancelling = escrow.add_parser('cancel', parents=[common], help="cancel a pending proposal with the guardian's key")
     cancelling.add_argument('id', help='a deposit id, or the job id it funds')
     cancelling.add_argument('--guardian-key-file', help='a file holding the guardian key (else read from the terminal)')
+    commands.add_parser('chain-demo', parents=[common],
+                        help='rehearse contract mode: a local chain (anvil) with test USDC, the JobEscrow and funded '
+                             'demo wallets, and the demo served on it (make chain-demo)')
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(name)s %(levelname)s %(message)s')
@@ -658,6 +781,12 @@ def main(faces, argv=None):
             print(f'escrow {args.escrow_command}: {exc}', file=sys.stderr)
             return 1
         return 0
+    if args.command == 'chain-demo':
+        try:        # becomes `serve` with the same flags and the chain's, once the chain and the demo are ready
+            chain_demo(settings, argv[argv.index('chain-demo') + 1:], faces)
+        except (ValueError, OSError, RuntimeError, VerificationError) as exc:
+            print(f'chain-demo: {exc}', file=sys.stderr)
+            return 1
     if args.command == 'seed':
         try:
             seed(settings, args.fixtures, faces, keys_file=args.keys_file)
