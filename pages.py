@@ -645,7 +645,7 @@ def post_signout():
 
 JOB_FORM_FIELDS = ('title', 'description', 'category', 'paymentAmount', 'paymentCurrency', 'deadline', 'maxWorkers',
                    'competitionMode', 'verificationWindowHours', 'claimTimeoutHours', 'minReputation', 'requirements',
-                   'acceptanceCriteria', 'escrowTxHash', 'escrowSignature')
+                   'acceptanceCriteria', 'escrowTxHash', 'escrowSignature', 'escrowDepositId')
 WHOLE_NUMBER_FIELDS = ('maxWorkers', 'verificationWindowHours', 'claimTimeoutHours')
 
 
@@ -681,27 +681,33 @@ def job_form_defaults():
 
 
 def funding_help(account, values, answer=None):
-    """In onchain mode, what a USDC job's requester must send and sign (CONTRACT 18): escrow address, amount and
-    the typed data; None in other modes."""
+    """In onchain mode, how a USDC job's requester funds it; None in other modes. Wallet mode (CONTRACT 18): the
+    escrow address to send to, the amount and the typed data to sign. Contract mode (CONTRACT 21): the JobEscrow to
+    deposit into and, once the API has answered 402, its escrowRequirements; never the server's own address."""
     onchain = service().settings.onchain
     if not onchain:
         return None
     answer = answer or {}
-    typed = answer.get('fundingTypedData') or onchain.funding_typed_data(account['id'])
     amount = None
     try:
         amount = format_units(cents_to_units(read_money(values.get('paymentAmount', '').strip()), 'USDC'), 'USDC')
     except (ValueError, TypeError):
         pass
+    if onchain.contract:
+        wanted = {name: value for name, value in (answer.get('escrowRequirements') or {}).items()
+                  if name != 'authorizationTypedData'}       # a relayed authorization is for programs, not this form
+        return {'contract': onchain.contract, 'amount': amount, 'asset': onchain.usdc,
+                'requirements': json.dumps(wanted, indent=2) if wanted else None}
+    typed = answer.get('fundingTypedData') or onchain.funding_typed_data(account['id'])
     return {'payTo': onchain.escrow_address, 'amount': amount, 'asset': onchain.usdc,
             'typedData': json.dumps(typed, indent=2)}
 
 
 def rail_modes():
-    """What each currency's money is here: {'USDC': 'simulated'|'onchain', 'USD': 'simulated'|'stripe'}."""
+    """What each currency's money is here: {'USDC': 'simulated'|'onchain'|'contract', 'USD': 'simulated'|'stripe'}."""
     settings = service().settings
-    return {'USDC': 'onchain' if settings.onchain else 'simulated',
-            'USD': 'stripe' if stripe_mode(settings) else 'simulated'}
+    usdc = 'simulated' if not settings.onchain else 'contract' if settings.onchain.contract else 'onchain'
+    return {'USDC': usdc, 'USD': 'stripe' if stripe_mode(settings) else 'simulated'}
 
 
 def invalid_marker(fields, order):

@@ -37,7 +37,7 @@
       <label for="paymentCurrency">Currency</label>
       <select id="paymentCurrency" name="paymentCurrency"{{!invalid('paymentCurrency')}}>
 % for name in currencies:
-        <option value="{{name}}"{{!' selected' if name == val('paymentCurrency') else ''}}>{{name}} ({{'by card, Stripe Checkout' if rails[name] == 'stripe' else 'on chain' if rails[name] == 'onchain' else 'simulated'}})</option>
+        <option value="{{name}}"{{!' selected' if name == val('paymentCurrency') else ''}}>{{name}} ({{'by card, Stripe Checkout' if rails[name] == 'stripe' else 'simulated' if rails[name] == 'simulated' else 'on chain'}})</option>
 % end
       </select>
 % if 'paymentCurrency' in fields or 'paymentRail' in fields:
@@ -51,6 +51,8 @@
     <li>{{name}} is simulated here: no real money moves; the job opens at once with its escrow recorded in the ledger.</li>
 % elif rails[name] == 'stripe':
     <li>{{name}} is paid by card: you go to Stripe Checkout, and the job opens once Stripe confirms the payment (pending until paid).</li>
+% elif rails[name] == 'contract':
+    <li>{{name}} is real USDC on chain, held by the JobEscrow contract: you deposit it into the contract from your wallet, and it leaves only to the worker you approve or back to you.</li>
 % else:
     <li>{{name}} is real USDC on chain: send it to the escrow address, sign what is shown below, then post with the transaction's hash and the signature.</li>
 % end
@@ -108,7 +110,22 @@
     <p class="field-error" id="acceptanceCriteria-error">Acceptance criteria {{fields['acceptanceCriteria']}}</p>
 % end
   </details>
-% if funding:
+% if funding and funding.get('contract'):
+  <fieldset class="funding" id="funding">
+    <legend>Funding from the JobEscrow contract (USDC)</legend>
+% if funding['requirements']:
+    <p>Deposit this into the JobEscrow contract <span class="tx" id="escrow-contract">{{funding['contract']}}</span> from your wallet: approve the contract for <code>amount</code> of the token <span class="tx">{{funding['asset']}}</span>, call <code>deposit(account, amount, refundAfter, salt)</code> with a <code>refundAfter</code> no earlier than <code>minRefundAfter</code> and a salt of your own, then paste the deposit's id (<code>depositId(your wallet, account, refundAfter, salt)</code>) below and post again. Send nothing to any other address.</p>
+    <pre class="typed-data" id="escrow-requirements">{{funding['requirements']}}</pre>
+% else:
+    <p>This job's {{funding['amount'] or 'pay'}} USDC is deposited by you into the JobEscrow contract <span class="tx" id="escrow-contract">{{funding['contract']}}</span>, never sent to this server. Post the form once without a deposit id: the answer shows exactly what to deposit (the amount, your account's hash, the earliest refund date).</p>
+% end
+    <label for="escrowDepositId">Deposit id</label>
+    <input type="text" id="escrowDepositId" name="escrowDepositId" class="tx" value="{{val('escrowDepositId')}}"{{!invalid('escrowDepositId')}}>
+% if 'escrowDepositId' in fields:
+    <p class="field-error" id="escrowDepositId-error">Deposit id {{fields['escrowDepositId']}}</p>
+% end
+  </fieldset>
+% elif funding:
   <fieldset class="funding" id="funding">
     <legend>Funding on chain (USDC)</legend>
     <p>Send {{funding['amount'] or 'the pay'}} USDC (token <span class="tx">{{funding['asset']}}</span>) to the escrow address <span class="tx" id="pay-to">{{funding['payTo']}}</span>, then sign this with the wallet that sent it (EIP-712; the message's txHash is your transfer's hash):</p>

@@ -3,8 +3,9 @@ the real server on anvil with a JobEscrow deployed.
 
 With a browser wallet (an EIP-1193 provider: here one the test puts in the page, which signs with the payer's key
 in Python through an exposed function) the page's own script asks it to sign the delivery's Release and the worker
-is paid at once; without one the page says when the worker will be paid, and the approval is scheduled. Skips
-without Chromium, as tests/test_pages_browser.py does.
+is paid at once; without one the page says when the worker will be paid, and the approval is scheduled. The "Post a
+job" form in contract mode asks for a deposit into the contract (what to deposit, once the API has said it), never
+for money sent to the server's own address. Skips without Chromium, as tests/test_pages_browser.py does.
 """
 
 import json
@@ -12,9 +13,9 @@ import json
 from chain import Account
 from conftest import job_body
 from test_escrow_api import PAID, delivery, deposit, detail, post_job, requirements, serving
-from test_escrow_contract import escrow  # noqa: F401 (a fixture)
-from test_onchain import new_requester, one, settle, statuses
-from test_pages_browser import DESKTOP, Tab, browser  # noqa: F401 (browser: a fixture; skips without Chromium)
+from test_escrow_contract import ARBITER, escrow  # noqa: F401 (escrow: a fixture)
+from test_onchain import call, new_requester, one, settle, statuses
+from test_pages_browser import DESKTOP, Tab, browser, screenshot  # noqa: F401 (browser: a fixture; skips without Chromium)
 from verifier import escrow as contract_calls
 
 # Before any page script: an EIP-1193 provider whose signatures come from the test (window.__sign, exposed), which
@@ -86,5 +87,38 @@ def test_approve_signs_the_release_with_the_browsers_wallet_or_says_when_the_wor
             tab.page.locator(f'form[data-release="release-{slow_claim}"] button.approve').click()
         scheduled = one(detail(server, slow_job)['payments'], 'release')
         assert (scheduled['status'], scheduled['txHash'], anvil.balance(slow_wallet)) == ('scheduled', None, 0)
+        assert tab.errors == []
+        tab.close()
+
+
+def test_the_post_form_asks_for_a_deposit_into_the_contract_never_money_sent_to_the_server(anvil, escrow, browser,
+                                                                                         tmp_path):
+    with serving(tmp_path / 'm.db', anvil.url, escrow.address) as server:
+        key = new_requester(server)
+        tab = signed_in(browser, server, key)
+        page = tab.page
+        tab.open(server, '/jobs/new')
+        funding = page.locator('#funding')
+        assert escrow.address in funding.text_content()
+        assert ARBITER.address.lower() not in page.content().lower()        # the server's key: no money goes there
+        assert page.locator('#escrowTxHash, #escrowSignature, #pay-to').count() == 0
+        page.fill('#title', 'Funded from the contract')
+        page.fill('#description', 'Make the tests pass.')
+        page.fill('#paymentAmount', '25.00')
+        with page.expect_navigation():
+            page.click('button:has-text("Post the job")')
+        wanted = json.loads(page.locator('#escrow-requirements').text_content())       # the API's 402, shown
+        assert (wanted['contract'], wanted['amount']) == (escrow.address, '25000000')
+        assert ARBITER.address.lower() not in page.content().lower()
+        screenshot(page, 'post-form-contract')
+        payer, made = deposit(escrow, wanted)
+        anvil.mine(1)
+        page.fill('#escrowDepositId', made)
+        with page.expect_navigation():
+            page.click('button:has-text("Post the job")')
+        job_id = page.url.rsplit('/', 1)[1]
+        job = call(server, 'GET', f'/api/jobs/{job_id}', None, key).json()['job']
+        assert (job['title'], job['status'], job['escrowStatus']) == ('Funded from the contract', 'open', 'locked')
+        assert anvil.balance(escrow.address) == 25_000_000     # in the contract, nothing with the server's key
         assert tab.errors == []
         tab.close()
