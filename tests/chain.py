@@ -20,7 +20,6 @@ estimate and get a mined transaction with status 0 instead.
 
 import ctypes
 import json
-import os
 import re
 import secrets
 import signal
@@ -52,24 +51,9 @@ USDC = '0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913'  # USD Coin on Base mainnet
 # Base Sepolia's USDC address: on this chain it holds the same TestUSDC code, a "wrong token".
 OTHER_TOKEN = '0x036CbD53842c5426634e7929541eC2318f3dCF7e'
 
-# anvil's documented dev accounts (mnemonic "test test ... junk"), each funded with 10000 ETH.
-DEV_KEYS = [
-    '0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80',
-    '0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d',
-    '0x5de4111afa1a4b94908f83103eb1f1706367c2e68ca870fc3fb9a804cdab365a',
-    '0x7c852118294e51e653712a81e05800f419141751be58f605c371e15141b007a6',
-    '0x47e179ec197488593b187f80a00eb0da91f1b9d0b13f8733639f19c30a34926a',
-]
+# anvil's documented dev accounts (mnemonic "test test ... junk"), each funded with 10000 ETH; and where its binary is.
+from verifier.rehearsal import DEV_KEYS, anvil_binary  # noqa: E402
 DEV_ADDRESSES = [Account.from_key(key).address for key in DEV_KEYS]
-
-
-def anvil_binary():
-    """The native anvil binary when its platform package is installed (no node wrapper in between,
-    so stopping it stops the node), else node_modules/.bin/anvil; None when neither is there."""
-    native = sorted((ROOT / 'node_modules' / '@foundry-rs').glob('anvil-*/bin/anvil'))
-    if native and os.access(native[0], os.X_OK):
-        return native[0]
-    return ANVIL if ANVIL.exists() else None
 
 
 @lru_cache(maxsize=None)
