@@ -15,7 +15,7 @@ PAGES = [ROOT / 'README.md', *DOCS]
 # What the docs name without holding it: files an example or `make run` writes, an MCP host's own settings file.
 # (artifacts/ is what the tests and `make bench` write.)
 MADE_BY_EXAMPLES = {'sign_funding.py', 'job.json', 'demo-keys.txt', 'marketplace.db', 'chain-demo.db',
-                    'claude_desktop_config.json'}
+                    'chain-demo-keys.txt', 'claude_desktop_config.json'}
 
 
 def walkthrough():
