@@ -24,8 +24,8 @@ from google.protobuf import json_format
 
 import remote_mcp
 from discovery import SKILLS
-from marketplace import (Unauthorized, account_for_key, iso, new_id, now, now_iso, read_raw_body, route, service,
-                         webhook_url_problem)
+from host_guard import webhook_url_problem
+from marketplace import Unauthorized, account_for_key, iso, new_id, now, now_iso, read_raw_body, route, service
 
 log = logging.getLogger('marketplace.a2a')
 TASK_HOURS = 24

@@ -24,8 +24,9 @@ from urllib.parse import urlsplit
 import gevent.queue
 import urllib3
 
-from marketplace import (BadRequest, Form, __version__, iso, log, new_id, now, now_iso, owned_agent, pinned_address,
-                         read_json_body, require_account, resume_webhook, route, service, webhook_url_problem)
+from host_guard import pinned_address, webhook_url_problem
+from marketplace import (BadRequest, Form, __version__, iso, log, new_id, now, now_iso, owned_agent, read_json_body,
+                         require_account, resume_webhook, route, service)
 
 
 WEBHOOK_ATTEMPTS = 8            # waits of base × 1, 3, 9, … 729: about 18 hours with the default 60 s

@@ -22,6 +22,7 @@ from email.utils import format_datetime
 import pytest
 import standardwebhooks
 
+import host_guard
 import marketplace as mp
 import webhook_delivery
 import wiring
@@ -831,7 +832,7 @@ def test_an_address_that_turns_private_is_blocked_when_sent(strict, receiver):
     ('::ffff:127.0.0.1', False), ('::ffff:10.0.0.1', False), ('::ffff:169.254.169.254', False),
 ])
 def test_is_public_address(address, public):
-    assert mp.is_public_address(address) is public
+    assert host_guard.is_public_address(address) is public
 
 
 # IPv6 forms that embed an IPv4 address are judged by that address (CONTRACT.md 20).
@@ -849,7 +850,7 @@ EMBEDDED_PRIVATE = [
     ('64:ff9b:1::8.8.8.8', False),           # local-use NAT64: every place RFC 6052 allows must hold a public one
 ])
 def test_ipv6_forms_embedding_ipv4_are_judged_by_the_ipv4_address(address, public):
-    assert mp.is_public_address(address) is public
+    assert host_guard.is_public_address(address) is public
 
 
 @pytest.mark.parametrize('address', ['::127.0.0.1', '::ffff:0:127.0.0.1', '64:ff9b:1::127.0.0.1'])
@@ -1350,7 +1351,7 @@ def test_the_connection_goes_to_the_address_checked(monkeypatch, receiver):
     """DNS rebinding: a name that answers an allowed address to the check and loopback afterwards never reaches
     loopback. 127.0.0.2 stands for the public address (so no packet leaves this machine): nothing listens there."""
     asked = fake_resolver(monkeypatch, ['127.0.0.2', '127.0.0.1', '127.0.0.1'])
-    monkeypatch.setattr(mp, 'is_public_address', lambda address: address == '127.0.0.2')
+    monkeypatch.setattr(host_guard, 'is_public_address', lambda address: address == '127.0.0.2')
     port = receiver.server.server_address[1]
     agent = {'id': 'a', 'webhook_url': f'http://rebind.test:{port}/hook', 'webhook_format': 'json',
              'webhook_secret': mp.new_webhook_secret()}
