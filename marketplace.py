@@ -1512,12 +1512,14 @@ class OnChain:
                        {'now': now_iso(), 'id': payment['id'], 'tx_hash': payment['tx_hash']})
         return payment
 
-    def reprice(self, db, payment):
+    def reprice(self, db, payment, taken=None):
         """Sign a payment's transaction again with the same nonce and a higher fee (at least the node's fee caps
         and 12.5% over the last signature, at most --payout-max-fee-gwei), and store it, the new raw transaction
         and hash with broadcast_at cleared, in one transaction before anything is sent: after a crash the sweep
-        sends it. Every hash signed stays in signed_transactions. The payment as re-signed, or None when the fee
-        would pass the ceiling or the payment changed meanwhile (mined, or re-priced by another greenlet)."""
+        sends it. Every hash signed stays in signed_transactions. With `taken` (how many nonces of the key are used
+        on chain, --confirmations deep, one of them this payment's by another transaction), signed instead with a
+        new nonce past them at the node's fees. The payment as re-signed, or None when the fee would pass the
+        ceiling or the payment changed meanwhile (mined, or re-signed by another greenlet)."""
         from verifier.payouts import replacement_fees, resign_with_fees, signed_fees
         table = payment['tbl']
         ceiling = int(Decimal(str(self.settings.payout_max_fee_gwei)) * 10 ** 9)
@@ -1527,24 +1529,35 @@ class OnChain:
                              {'id': payment['id'], 'tx_hash': payment['tx_hash']})
             if current is None:
                 return None
-            previous = signed_fees(current['raw_tx'])
-            fees = replacement_fees(previous, self.fees or DEFAULT_FEE_CAPS, ceiling)
+            previous, nonce = signed_fees(current['raw_tx']), current['nonce']
+            if taken is None:
+                fees = replacement_fees(previous, self.fees or DEFAULT_FEE_CAPS, ceiling)
+            else:           # not a replacement: the node's fees, and the next nonce the chain has not used
+                fees = tuple(min(fee, ceiling) for fee in self.fees or DEFAULT_FEE_CAPS)
+                db.execute("UPDATE chain_state SET value = max(value, :taken) WHERE name = 'next_nonce'",
+                           {'taken': taken})
+                nonce = self.next_nonce(db)
             if fees is None:
                 log.warning('%s %s (nonce %s) waits unmined: a higher fee would pass --payout-max-fee-gwei %s',
                             table, current['id'], current['nonce'], self.settings.payout_max_fee_gwei)
                 return None
             raw, tx_hash = resign_with_fees(self.settings.escrow_key, current['raw_tx'], max_fee_per_gas=fees[0],
-                                            max_priority_fee_per_gas=fees[1])
-            db.execute(f'UPDATE {table} SET raw_tx = :raw, tx_hash = :tx_hash, broadcast_at = NULL WHERE id = :id',
-                       {'raw': raw, 'tx_hash': tx_hash, 'id': current['id']})
+                                            max_priority_fee_per_gas=fees[1], nonce=nonce)
+            db.execute(f"""UPDATE {table} SET raw_tx = :raw, tx_hash = :tx_hash, nonce = :nonce, broadcast_at = NULL
+                           WHERE id = :id""", {'raw': raw, 'tx_hash': tx_hash, 'nonce': nonce, 'id': current['id']})
             if table == 'x402_payments':        # a settlement's hash never pays for anything else
                 db.execute('''INSERT INTO used_payments (chain_id, tx_hash, purpose, created_at)
                               VALUES (:chain, :tx_hash, 'x402', :now) ON CONFLICT DO NOTHING''',
                            {'chain': self.settings.chain_id, 'tx_hash': tx_hash, 'now': now_iso()})
-        log.info('%s %s re-priced with its nonce %s: max fee %s -> %s wei/gas, tip %s -> %s; %s replaces %s',
-                 table, current['id'], current['nonce'], previous[0], fees[0], previous[1], fees[1], tx_hash,
-                 current['tx_hash'])
-        return dict(current, raw_tx=raw, tx_hash=tx_hash, broadcast_at=None)
+        if taken is None:
+            log.info('%s %s re-priced with its nonce %s: max fee %s -> %s wei/gas, tip %s -> %s; %s replaces %s',
+                     table, current['id'], nonce, previous[0], fees[0], previous[1], fees[1], tx_hash,
+                     current['tx_hash'])
+        else:
+            log.warning('%s %s: its nonce %s was used by another transaction of the escrow key (never send from it '
+                        'while the service runs); signed again with nonce %s: %s', table, current['id'],
+                        current['nonce'], nonce, tx_hash)
+        return dict(current, raw_tx=raw, tx_hash=tx_hash, nonce=nonce, broadcast_at=None)
 
     @staticmethod
     def signed_hashes(db, table, payment_id):
@@ -1578,9 +1591,9 @@ class OnChain:
     def confirm(self, db):
         """Mark payouts and settlements confirmed once one of their signed transactions is `confirmations` deep on
         the canonical chain (its hash becomes the payment's), failed if it reverted; re-price those unmined past
-        --payout-rebroadcast-minutes and send again those the node does not know. Returns {confirmed, failed,
-        resent, repriced}."""
-        result = {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0}
+        --payout-rebroadcast-minutes (with a new nonce those whose nonce another transaction of the key used) and
+        send again those the node does not know. Returns {confirmed, failed, resent, repriced, renumbered}."""
+        result = {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
         pending = self.signed_pending(db)
         recently = iso(now() - timedelta(seconds=30))
         stale = iso(now() - timedelta(minutes=self.settings.payout_rebroadcast_minutes))
@@ -1589,6 +1602,8 @@ class OnChain:
         try:
             latest = self.chain.block_number()
             self.fees = self.chain.fee_caps()
+            # Nonces used --confirmations deep, read before any receipt: one of ours used by then has its receipt.
+            taken = self.chain.nonce(self.escrow_address, max(latest - self.settings.confirmations + 1, 0))
         except VerificationError:
             return result
         for payment in pending:
@@ -1596,10 +1611,11 @@ class OnChain:
                 receipt = self.mined_receipt(db, payment['tbl'], payment)
                 if receipt is None:
                     stuck = payment['broadcast_at'] is not None and payment['broadcast_at'] < stale
-                    repriced = self.reprice(db, payment) if stuck else None
+                    lost = stuck and payment['nonce'] < taken       # another transaction used its nonce
+                    repriced = self.reprice(db, payment, taken if lost else None) if stuck else None
                     if repriced is not None:
                         self.send(db, repriced)
-                        result['repriced'] += 1
+                        result['renumbered' if lost else 'repriced'] += 1
                     elif payment['broadcast_at'] is None or payment['broadcast_at'] < recently:
                         self.send(db, payment)      # the node lost it, or never had it
                         result['resent'] += 1

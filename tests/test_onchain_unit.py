@@ -645,11 +645,12 @@ def test_the_sweep_confirms_a_payout_deep_enough(market, node):
     job, release = released(market, node)
     mine(node, release['txHash'], block=101)
     node.latest = 102
-    assert sweep(market) == {'confirmed': 1, 'failed': 0, 'resent': 0, 'repriced': 0}
+    assert sweep(market) == {'confirmed': 1, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     assert by_type(market.get_job(job)['payments'], 'release')['status'] == 'confirmed'
     assert stored(market, release['txHash'])['status'] == 'confirmed'
     assert node.count('eth_sendRawTransaction') == 1                       # nothing sent again
-    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0}      # nothing left to do
+    # nothing left to do
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     assert mp.ledger_problems(db_of(market)) == []
 
 
@@ -657,27 +658,28 @@ def test_the_sweep_waits_for_enough_confirmations(market, node):
     job, release = released(market, node)
     mine(node, release['txHash'], block=101)
     node.latest = 101                                                        # 1 of 2
-    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0}
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     assert stored(market, release['txHash'])['status'] == 'pending'
     node.latest = 102
-    assert sweep(market) == {'confirmed': 1, 'failed': 0, 'resent': 0, 'repriced': 0}
+    assert sweep(market) == {'confirmed': 1, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
 
 
 def test_the_sweep_does_not_confirm_a_payout_whose_block_was_reorged(market, node):
     job, release = released(market, node)
     node.add(make_receipt(block=101, tx_hash=release['txHash'], block_hash=block_hash_of(101, fork='old')), frm=ESCROW)
     node.latest = 110
-    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0}
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     assert stored(market, release['txHash'])['status'] == 'pending'
 
 
 def test_the_sweep_sends_again_what_the_node_does_not_know(market, node):
     job, release = released(market, node)
     raw = node.sent[0]
-    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0}     # just sent: give the node time
+    # just sent: give the node time
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     assert node.sent == [raw]
     mp.CLOCK.advance(seconds=31)
-    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 1, 'repriced': 0}
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 1, 'repriced': 0, 'renumbered': 0}
     assert node.sent == [raw, raw]                                           # the same signed transaction
     assert '0x' + keccak(HexBytes(node.sent[1])).hex() == release['txHash']   # so the same hash
     assert stored(market, release['txHash'])['status'] == 'pending'
@@ -688,16 +690,16 @@ def test_a_reverted_payout_is_marked_failed(market, node):
     job, release = released(market, node)
     mine(node, release['txHash'], status=0, block=101)
     node.latest = 102
-    assert sweep(market) == {'confirmed': 0, 'failed': 1, 'resent': 0, 'repriced': 0}
+    assert sweep(market) == {'confirmed': 0, 'failed': 1, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     assert by_type(market.get_job(job)['payments'], 'release')['status'] == 'failed'
-    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0}
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     assert mp.ledger_problems(db_of(market)) == []
 
 
 def test_the_sweep_with_the_node_down_changes_nothing(market, node):
     job, release = released(market, node)
     node.fail = requests.exceptions.ReadTimeout('slow')
-    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0}
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     assert stored(market, release['txHash'])['status'] == 'pending'
 
 
@@ -708,7 +710,7 @@ def test_the_sweep_confirms_release_and_refund_in_nonce_order(market, node):
     mine(node, release['txHash'], block=101)
     mine(node, refund['txHash'], block=102)
     node.latest = 103
-    assert sweep(market) == {'confirmed': 2, 'failed': 0, 'resent': 0, 'repriced': 0}
+    assert sweep(market) == {'confirmed': 2, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     statuses = {p['type']: p['status'] for p in market.get_job(job)['payments']}
     assert statuses == {'escrow': 'confirmed', 'release': 'confirmed', 'refund': 'confirmed'}
     assert mp.ledger_problems(db_of(market)) == []

@@ -83,11 +83,12 @@ def test_a_payout_unmined_past_the_rebroadcast_minutes_is_resigned_with_its_nonc
     job, release = released(market, node)
     first = node.sent[0]
     mp.CLOCK.advance(minutes=9)
-    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 1, 'repriced': 0}   # not yet: the same tx again
+    # not yet: the same tx again
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 1, 'repriced': 0, 'renumbered': 0}
     assert node.sent[-1] == first
     node.base_fee = 3 * GWEI
     mp.CLOCK.advance(minutes=2)                                                         # 11 minutes after its broadcast
-    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 1}
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 1, 'renumbered': 0}
     replacement = node.sent[-1]
     old, new = decode(first), decode(replacement)
     assert new['nonce'] == old['nonce'] == NODE_NONCE
@@ -108,12 +109,12 @@ def test_the_old_transaction_mined_after_the_resign_confirms_the_payment_with_it
     new_hash = stored(market, signed(market, release['id'])[1])['tx_hash']
     mine(node, release['txHash'], block=101)                  # the first signature won the race
     node.latest = 102
-    assert sweep(market) == {'confirmed': 1, 'failed': 0, 'resent': 0, 'repriced': 0}
+    assert sweep(market) == {'confirmed': 1, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     shown = by_type(market.get_job(job)['payments'], 'release')
     assert (shown['status'], shown['txHash']) == ('confirmed', release['txHash'])
     assert stored(market, new_hash) is None                   # the replacement never counts: same nonce
     assert signed(market, release['id']) == [release['txHash'], new_hash]
-    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0}
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     assert mp.ledger_problems(db_of(market)) == []
 
 
@@ -124,10 +125,68 @@ def test_with_both_hashes_known_the_mined_replacement_is_the_one_payment(market,
     new_hash = signed(market, release['id'])[1]
     mine(node, new_hash, block=101)
     node.latest = 105
-    assert sweep(market) == {'confirmed': 1, 'failed': 0, 'resent': 0, 'repriced': 0}
+    assert sweep(market) == {'confirmed': 1, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     payments = market.get_job(job)['payments']
     assert [(p['type'], p['status'], p['txHash']) for p in payments if p['type'] == 'release'] == \
         [('release', 'confirmed', new_hash)]
+
+
+
+# ----- a nonce another transaction of the key used -----
+
+def test_a_payout_whose_nonce_another_transaction_used_is_signed_again_with_the_next_unused_nonce(market, node):
+    job, release = released(market, node)                   # signed with NODE_NONCE
+    node.nonce = NODE_NONCE + 3                             # three transactions of the key, --confirmations deep
+    mp.CLOCK.advance(minutes=11)
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 1}
+    first_raw = node.sent[0]
+    old, new = decode(first_raw), decode(node.sent[-1])
+    assert (old['nonce'], new['nonce']) == (NODE_NONCE, NODE_NONCE + 3)           # past the chain's, not just +1
+    assert (new['to'], new['data'], new['gas'], new['value']) == (old['to'], old['data'], old['gas'], old['value'])
+    row = db_of(market).row('SELECT * FROM payments WHERE id = :id', {'id': release['id']})
+    assert (row['nonce'], row['raw_tx']) == (NODE_NONCE + 3, node.sent[-1]) and row['raw_tx'] != first_raw
+    assert db_of(market).value("SELECT value FROM chain_state WHERE name = 'next_nonce'") == NODE_NONCE + 4
+    mine(node, row['tx_hash'], block=101)
+    node.latest = 102
+    assert sweep(market) == {'confirmed': 1, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
+    assert [(p['status'], p['txHash']) for p in market.get_job(job)['payments'] if p['type'] == 'release'] == \
+        [('confirmed', row['tx_hash'])]
+    assert mp.ledger_problems(db_of(market)) == []
+
+
+
+def test_a_crash_between_renumbering_and_sending_leaves_the_new_transaction_stored_for_the_next_sweep(market, node):
+    job, release = released(market, node)
+    node.nonce = NODE_NONCE + 1
+    mp.CLOCK.advance(minutes=11)
+    onchain = market.client.app.service.settings.onchain
+    payment = dict(stored(market, release['txHash']), tbl='payments')
+    renumbered = onchain.reprice(db_of(market), payment, taken=node.nonce)     # stored; the process dies here
+    row = db_of(market).row('SELECT * FROM payments WHERE id = :id', {'id': release['id']})
+    assert (row['nonce'], row['tx_hash'], row['broadcast_at']) == (NODE_NONCE + 1, renumbered['tx_hash'], None)
+    sent = len(node.sent)
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
+    assert node.sent[sent:] == [renumbered['raw_tx']]        # the stored one, sent once, nothing signed again
+    assert signed(market, release['id']) == [release['txHash'], renumbered['tx_hash']]
+
+def test_a_payout_whose_own_transaction_used_its_nonce_is_never_signed_again(market, node):
+    job, release = released(market, node)
+    mine(node, release['txHash'], block=101)                # mined, not yet --confirmations deep
+    node.nonce = NODE_NONCE + 1
+    mp.CLOCK.advance(minutes=11)
+    sent = len(node.sent)
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
+    assert node.sent[sent:] == [] and signed(market, release['id']) == [release['txHash']]
+    node.latest = 102
+    assert sweep(market) == {'confirmed': 1, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
+
+
+def test_a_nonce_used_but_not_yet_stale_is_not_renumbered(market, node):
+    job, release = released(market, node)
+    node.nonce = NODE_NONCE + 1
+    mp.CLOCK.advance(minutes=9)             # a node that lags may not show the receipt yet: wait the rebroadcast minutes
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 1, 'repriced': 0, 'renumbered': 0}
+    assert signed(market, release['id']) == [release['txHash']]
 
 
 # ----- re-pricing on refusal, and the queue moves -----
@@ -151,7 +210,7 @@ def test_a_payout_refused_for_its_fee_is_repriced_at_once_and_later_payouts_are_
     mine(node, row['tx_hash'], block=101)
     mine(node, later['txHash'], block=102)
     node.latest = 103
-    assert sweep(market) == {'confirmed': 2, 'failed': 0, 'resent': 0, 'repriced': 0}
+    assert sweep(market) == {'confirmed': 2, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
 
 
 def test_a_fee_past_the_ceiling_is_not_offered(started, node, caplog):
@@ -161,7 +220,8 @@ def test_a_fee_past_the_ceiling_is_not_offered(started, node, caplog):
     node.base_fee = 5 * GWEI
     mp.CLOCK.advance(minutes=11)
     with caplog.at_level(logging.WARNING, logger='marketplace'):
-        assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 1, 'repriced': 0}   # the same one again
+        # the same one again
+        assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 1, 'repriced': 0, 'renumbered': 0}
     assert signed(market, release['id']) == [release['txHash']]
     assert any('--payout-max-fee-gwei' in record.getMessage() for record in caplog.records)
 
@@ -176,7 +236,7 @@ def test_a_crash_between_resigning_and_sending_leaves_the_new_transaction_stored
     row = db_of(market).row('SELECT * FROM payments WHERE id = :id', {'id': release['id']})
     assert (row['tx_hash'], row['raw_tx'], row['broadcast_at']) == (repriced['tx_hash'], repriced['raw_tx'], None)
     sent = len(node.sent)
-    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0}
+    assert sweep(market) == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     assert node.sent[sent:] == [repriced['raw_tx']]          # broadcast (the stored one, unsent) before confirming
     assert stored(market, repriced['tx_hash'])['broadcast_at'] is not None
 

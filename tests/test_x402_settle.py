@@ -444,7 +444,8 @@ def test_a_settlement_the_node_did_not_take_is_sent_before_a_later_payout(anvil,
     assert only_row(app)['broadcast_at'] is not None
     assert anvil.w3.eth.get_transaction(row['tx_hash'])['nonce'] == first
 
-    assert mp.run_sweeps(db_of(app), app.service.settings)['payouts'] == {'confirmed': 2, 'failed': 0, 'resent': 0, 'repriced': 0}
+    assert mp.run_sweeps(db_of(app), app.service.settings)['payouts'] == \
+        {'confirmed': 2, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     assert only_row(app)['status'] == 'confirmed'
     assert db_of(app).value('SELECT status FROM payments WHERE id = :id', {'id': refund['id']}) == 'confirmed'
     assert anvil.receipt(row['tx_hash'])['status'] == anvil.receipt(refund['tx_hash'])['status'] == 1
@@ -472,11 +473,12 @@ def test_a_settlement_the_node_lost_is_sent_again_by_the_sweep(anvil, app, clien
 
     def sweep():
         return mp.run_sweeps(db_of(app), app.service.settings)['payouts']
-    assert sweep() == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0}      # sent under 30 s ago: not yet
+    # sent under 30 s ago: not yet
+    assert sweep() == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     real_clock.set(mp.now() + timedelta(seconds=31))
-    assert sweep() == {'confirmed': 0, 'failed': 0, 'resent': 1, 'repriced': 0}
+    assert sweep() == {'confirmed': 0, 'failed': 0, 'resent': 1, 'repriced': 0, 'renumbered': 0}
     anvil.mine()
-    assert sweep() == {'confirmed': 1, 'failed': 0, 'resent': 0, 'repriced': 0}
+    assert sweep() == {'confirmed': 1, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     assert (only_row(app)['status'], only_row(app)['granted_at']) == ('confirmed', None)
     assert chain.receipt(row['tx_hash'])['status'] == 1
 
@@ -484,6 +486,43 @@ def test_a_settlement_the_node_lost_is_sent_again_by_the_sweep(anvil, app, clien
     assert answer.status == 200, answer
     assert payment_response(answer)['transaction'] == row['tx_hash']
     assert anvil.balance(PAYER) == 1_000_000 - MATCH_PRICE
+
+
+
+def test_a_settlement_whose_nonce_another_transaction_used_is_signed_again_with_a_new_one(anvil, app, client, slow,
+                                                                                         real_clock):
+    """The escrow key used elsewhere while the service runs (its nonce now behind the chain's): the node answers
+    "nonce too low", which reads as already sent; once the nonce is used --confirmations deep by a transaction none of
+    the settlement's hashes is, and --payout-rebroadcast-minutes have passed, the sweep signs it again with a new
+    nonce. The payer pays once."""
+    anvil.mint(PAYER, 1_000_000)
+    first = next_nonce(app)
+    anvil.transfer(ESCROW_KEY, SOMEONE, 0)              # the operator's own transaction, with the key the service uses
+    assert escrow_nonce(anvil) == first + 1
+    payment = authorization(anvil)
+    unavailable(pay(client, payment))                   # signed with `first`: taken; the node says "nonce too low"
+    row, chain = only_row(app), app.service.settings.onchain.chain
+    assert (row['nonce'], row['broadcast_at'] is not None, chain.receipt(row['tx_hash'])) == (first, True, None)
+
+    def sweep():
+        return mp.run_sweeps(db_of(app), app.service.settings)['payouts']
+    real_clock.set(mp.now() + timedelta(minutes=9))     # not before --payout-rebroadcast-minutes (10)
+    assert sweep() == {'confirmed': 0, 'failed': 0, 'resent': 1, 'repriced': 0, 'renumbered': 0}
+    assert only_row(app)['tx_hash'] == row['tx_hash']
+    real_clock.set(mp.now() + timedelta(minutes=2))
+    assert sweep() == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 1}
+    again = only_row(app)
+    assert (again['nonce'], again['status']) == (first + 1, 'pending') and again['tx_hash'] != row['tx_hash']
+    assert [(signed['tx_hash'], signed['nonce']) for signed in db_of(app).rows(
+        'SELECT tx_hash, nonce FROM signed_transactions WHERE payment_id = :id ORDER BY seq', {'id': row['id']})] == \
+        [(row['tx_hash'], first), (again['tx_hash'], first + 1)]
+    assert sweep() == {'confirmed': 1, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
+    assert next_nonce(app) == escrow_nonce(anvil) == first + 2
+    answer = pay(client, payment)                       # the same payment again: its call answered, paid once
+    assert answer.status == 200, answer
+    assert payment_response(answer)['transaction'] == again['tx_hash']
+    assert anvil.balance(PAYER) == 1_000_000 - MATCH_PRICE
+    assert sweep() == {'confirmed': 0, 'failed': 0, 'resent': 0, 'repriced': 0, 'renumbered': 0}
 
 
 # Slow and reverted settlements ---------------------------------------------------
@@ -576,7 +615,8 @@ def test_a_settlement_the_sweep_found_reverted_is_still_refused_as_reverted(anvi
     send_ahead(anvil, PAYER_KEY, SOMEONE, MATCH_PRICE)
     anvil.mine()
     assert anvil.receipt(row['tx_hash'])['status'] == 0
-    assert mp.run_sweeps(db_of(app), app.service.settings)['payouts'] == {'confirmed': 0, 'failed': 1, 'resent': 0, 'repriced': 0}
+    assert mp.run_sweeps(db_of(app), app.service.settings)['payouts'] == \
+        {'confirmed': 0, 'failed': 1, 'resent': 0, 'repriced': 0, 'renumbered': 0}
     assert only_row(app)['status'] == 'failed'
     nonce = payment['payload']['authorization']['nonce']
     assert not app.service.settings.onchain.chain.authorization_used(USDC, PAYER, nonce)     # unused on chain

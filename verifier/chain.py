@@ -190,10 +190,10 @@ class Chain:
         except (TypeError, ValueError, AttributeError) as exc:
             raise ChainUnavailable(f'The node answered a malformed transaction ({exc}).') from None
 
-    def nonce(self, address):
-        """The next nonce of an address, counting its pending transactions."""
+    def nonce(self, address, block='pending'):
+        """The next nonce of an address: counting its pending transactions, or as of a block (a number)."""
         address = checksummed(address)
-        return self._ask('eth_getTransactionCount', lambda: int(self.w3.eth.get_transaction_count(address, 'pending')))
+        return self._ask('eth_getTransactionCount', lambda: int(self.w3.eth.get_transaction_count(address, block)))
 
     def fee_caps(self):
         """(maxFeePerGas, maxPriorityFeePerGas) for an EIP-1559 transaction now: twice the base fee plus the tip."""

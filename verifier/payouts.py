@@ -50,12 +50,15 @@ def replacement_fees(previous, quoted, ceiling):
     return max_fee, tip
 
 
-def resign_with_fees(private_key, raw_hex, *, max_fee_per_gas, max_priority_fee_per_gas):
-    """The same transaction (nonce, recipient, data, gas) signed again with other fee caps: (raw hex, hash hex)."""
+def resign_with_fees(private_key, raw_hex, *, max_fee_per_gas, max_priority_fee_per_gas, nonce=None):
+    """The same transaction (recipient, data, gas; its nonce unless `nonce` is given) signed again with other fee
+    caps: (raw hex, hash hex)."""
     fields = TypedTransaction.from_bytes(HexBytes(raw_hex)).as_dict()
     for signature_field in ('v', 'r', 's'):
         fields.pop(signature_field, None)
     fields.update(maxFeePerGas=int(max_fee_per_gas), maxPriorityFeePerGas=int(max_priority_fee_per_gas))
+    if nonce is not None:
+        fields['nonce'] = int(nonce)
     fields['to'] = checksummed('0x' + bytes(fields['to']).hex(), 'recipient')
     fields['data'] = '0x' + bytes(fields['data']).hex()
     signed = Account.sign_transaction(fields, private_key)
