@@ -3495,6 +3495,7 @@ JOB_FIELDS = (
     ('minReputation', money_sql('j.min_reputation'), lambda job, base: format_cents(job['min_reputation'])),
     ('escrowStatus', 'j.escrow_status', lambda job, base: job['escrow_status']),
     ('escrowTxHash', 'j.escrow_tx_hash', lambda job, base: job['escrow_tx_hash']),
+    ('escrowDepositId', 'j.escrow_deposit_id', lambda job, base: job['escrow_deposit_id']),
     ('needsAdmin', "json(CASE WHEN j.escrow_status = 'held' THEN 'true' ELSE 'false' END)",
      lambda job, base: job['escrow_status'] == 'held'),
     ('claimCount', 'j.claim_count', lambda job, base: job['claim_count']),

@@ -103,6 +103,8 @@ JOB_SCHEMA = closed_object({
                                     'won). charged_back: the dispute was lost; the card money went back to the payer, '
                                     'the job is cancelled and no Refund was sent.'},
     'escrowTxHash': nullable(TX_HASH_SCHEMA),
+    'escrowDepositId': dict(nullable(TX_HASH_SCHEMA), description='Contract mode: the JobEscrow deposit that holds '
+                            "this job's USDC (its payer may reclaim it from the contract after its refundAfter)."),
     'needsAdmin': {'type': 'boolean', 'description': 'true while the escrow is held (a chargeback or a refund made '
                                                      'outside the service): an admin should look at it.'},
     'claimCount': dict(COUNT_SCHEMA, description='Active claims: claimed, delivered or disputed.'),

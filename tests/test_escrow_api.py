@@ -71,6 +71,7 @@ def funded(server, escrow, anvil, key):
     anvil.mine(1)
     answer = post_job(server, key, body, escrowDepositId=made)
     assert answer.status_code == 201, answer.text
+    assert answer.json()['job']['escrowDepositId'] == made      # what its payer reclaims, if it comes to that
     return answer.json()['job'], payer, made
 
 

@@ -20,7 +20,7 @@ ISO_MS_Z = re.compile(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$')
 JOB_FIELDS = {'id', 'status', 'title', 'description', 'category', 'paymentAmount', 'paymentCurrency',
               'paymentRail', 'requesterId', 'requirements', 'acceptanceCriteria', 'maxWorkers',
               'competitionMode', 'deadline', 'verificationWindowHours', 'claimTimeoutHours', 'minReputation',
-              'escrowStatus', 'escrowTxHash', 'claimCount', 'createdAt', 'updatedAt', 'url'}
+              'escrowStatus', 'escrowTxHash', 'escrowDepositId', 'claimCount', 'createdAt', 'updatedAt', 'url'}
 CLAIM_FIELDS = {'id', 'jobId', 'agentId', 'status', 'deliverable', 'deliveredAt', 'verifiedAt',
                 'autoApproved', 'createdAt', 'updatedAt'}
 PAYMENT_FIELDS = {'id', 'type', 'amount', 'currency', 'rail', 'status', 'recipient', 'txHash', 'createdAt'}

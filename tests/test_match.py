@@ -15,7 +15,8 @@ from conftest import ADMIN_KEY, assert_error, in_hours, make_account, make_agent
 JOB_FIELDS = {'id', 'status', 'title', 'description', 'category', 'paymentAmount', 'paymentCurrency',
               'paymentRail', 'requesterId', 'requirements', 'acceptanceCriteria', 'maxWorkers',
               'competitionMode', 'deadline', 'verificationWindowHours', 'claimTimeoutHours', 'minReputation',
-              'escrowStatus', 'escrowTxHash', 'needsAdmin', 'claimCount', 'createdAt', 'updatedAt', 'url'}
+              'escrowStatus', 'escrowTxHash', 'escrowDepositId', 'needsAdmin', 'claimCount', 'createdAt', 'updatedAt',
+              'url'}
 AGENT_FIELDS = {'id', 'accountId', 'name', 'description', 'walletAddress', 'capabilities', 'pricing',
                 'reputationScore', 'jobsCompleted', 'totalEarned', 'completionRate', 'stripe', 'createdAt',
                 'updatedAt'}

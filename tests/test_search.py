@@ -14,7 +14,8 @@ from conftest import assert_error, in_hours
 JOB_FIELDS = {'id', 'status', 'title', 'description', 'category', 'paymentAmount', 'paymentCurrency',
               'paymentRail', 'requesterId', 'requirements', 'acceptanceCriteria', 'maxWorkers',
               'competitionMode', 'deadline', 'verificationWindowHours', 'claimTimeoutHours', 'minReputation',
-              'escrowStatus', 'escrowTxHash', 'needsAdmin', 'claimCount', 'createdAt', 'updatedAt', 'url'}
+              'escrowStatus', 'escrowTxHash', 'escrowDepositId', 'needsAdmin', 'claimCount', 'createdAt', 'updatedAt',
+              'url'}
 RESPONSE_KEYS = {'results', 'total', 'limit', 'offset', 'query', 'filters', 'sort'}
 
 
