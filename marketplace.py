@@ -1881,8 +1881,8 @@ def contract_release(db, settings, job, claim, agent, amount, fee, signature):
                               credit=f'worker:{agent["id"]}', recipient=payee, claim_id=claim['id'], **signed)]
     if fee:
         records.append(record_payment(db, job, 'fee', fee, debit=escrow_account(job['id']), credit='fees',
-                                      recipient='operator', claim_id=claim['id'],
-                                      status='scheduled' if signature is None else 'confirmed'))
+                                      recipient=(settings.onchain.terms or {}).get('feeRecipient', 'operator'),
+                                      claim_id=claim['id'], status='scheduled' if signature is None else 'confirmed'))
     return records
 
 

@@ -194,7 +194,8 @@ API_SCHEMAS = {
                                   "mode): approved without the payer's Release signature, proposed to the contract "
                                   'and paid by the sweep once executableAt has passed on chain.'},
         'recipient': {'type': 'string', 'description': "A wallet address, an agent or account id, 'escrow' or "
-                                                       "'operator'."},
+                                                       "'operator' (a fee; in contract mode the contract's "
+                                                       'feeRecipient, which the contract pays).'},
         'txHash': nullable(TX_HASH_SCHEMA),
         'reference': nullable({'type': 'string', 'examples': ['pi_3Nx']}),
         'executableAt': nullable(dict(TIME_SCHEMA, description='Contract mode, scheduled: when the proposal that '

@@ -242,6 +242,7 @@ def test_approvals_without_a_signature_wait_out_the_delay_and_the_guardian_cance
         assert (anvil.balance(claims[0][1]), anvil.balance(FEES.address), anvil.balance(escrow.address),
                 anvil.balance(ARBITER.address)) == (PAID, FEE, 0, 0)
         assert statuses(server, first['id'])['fee'] == 'confirmed'
+        assert one(detail(server, first)['payments'], 'fee')['recipient'] == FEES.address    # whom the contract paid
         gauges = call(server, 'GET', '/metrics', key=ADMIN_KEY).text
         assert 'marketplace_escrow_proposals_pending{state="proposed"} 0.0' in gauges
     assert ledger_of(db) == []
