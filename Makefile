@@ -12,7 +12,7 @@ FUZZ_EXAMPLES ?= 200
 .PHONY: help run serve seed chain-demo test test-replicas fuzz bench contracts clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 # The service's packages (requirements.txt) for make run; the tests' too (requirements-dev.txt) for make test. A
 # .venv without a working pip (python3-venv was missing when it was made) is made again, never a dead end.
