@@ -65,6 +65,7 @@ import metrics
 import replication
 from host_guard import IPV4_IN_LAST_32, LOCAL_NAT64, webhook_url_problem
 from migrations import MIGRATIONS
+from read_cache import ReadCache
 from verifier.addresses import address_problem
 from verifier.errors import ChainUnavailable, FeeTooLow, VerificationError
 from verifier.redact import url_secrets
@@ -253,6 +254,8 @@ SETTINGS = [
             'multiply every rate limit by this (e.g. 10 for a busy private deployment)'),
     Setting('keyed_rate_scale', 10.0, parse_positive(float),
             'a caller with a key (or OAuth token) is counted per key, at this many times the limits'),
+    Setting('read_cache_mb', 64, parse_range(0, 65536),
+            'memory for answers of repeated reads (lists, searches, jobs, agents, the feed), in MB; 0: none'),
     Setting('max_agents_per_account', 20, parse_positive(int),
             'agents one account may register (admins too); one more is 409 too_many_agents'),
     Setting('trust_proxy', False, parse_bool,
@@ -617,6 +620,25 @@ class CommitGroup:
         self.error = None
 
 
+# The reads answered from the read cache (read_cache.py) while nothing they show has changed.
+CACHED_READS = {'/api/jobs', '/api/jobs/search', '/api/jobs/<job_id>', '/api/jobs/feed', '/api/agents',
+                '/api/agents/<agent_id>'}
+# Tables whose rows no cached answer shows (read_cache.py): their writes leave the generation as it is.
+GENERATION_IGNORED = {'generation', 'api_keys', 'sessions', 'idempotency_keys', 'chain_state', 'webhook_events',
+                      'webhook_deliveries', 'signed_transactions', 'oauth_clients', 'oauth_grants', 'oauth_codes',
+                      'oauth_tokens', 'a2a_tasks'}
+
+
+def generation_triggers(conn):
+    """The triggers that advance the generation in the transaction of every change to any other table (none
+    while the schema has no generation: an older schema, in the migration tests)."""
+    tables = [name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE "
+                                               "'CREATE TABLE%' AND name NOT LIKE 'sqlite%' AND name NOT LIKE '%fts%'")]
+    tables = [name for name in tables if name not in GENERATION_IGNORED] if 'generation' in tables else []
+    return ''.join(f'CREATE TRIGGER IF NOT EXISTS generation_{table}_{op.lower()} AFTER {op} ON {table} BEGIN '
+                   'UPDATE generation SET n = n + 1; END;\n' for table in tables for op in ('INSERT', 'UPDATE', 'DELETE'))
+
+
 class Database:
     """Two apsw connections with WAL, synchronous=FULL, foreign keys and a busy timeout: `conn` writes, `reads`
     reads what is committed. `replicated` leaves the checkpoints to Litestream (no automatic checkpoint here),
@@ -699,6 +721,7 @@ class Database:
             self.conn.execute(schema_sql)
             for migration in pending:
                 self.conn.execute(migration.get('after', ''))
+            self.conn.execute(generation_triggers(self.conn))
 
     def writing(self):
         """Does this greenlet (thread in-process) have the writer: inside a transaction, or holding one open?"""
@@ -5116,14 +5139,14 @@ def metrics_state(svc):
                           WHERE status = 'pending' AND type IN ('release', 'refund') GROUP BY rail, type"""):
         pending[(row['rail'], 'payout' if row['type'] == 'release' else 'refund')] = row['n']
     sizes = [os.path.getsize(path) for path in (db.path, db.path + '-wal') if os.path.exists(path)]
-    last_sweep = svc.last_sweep or (None, None)
+    last_sweep, cache = svc.last_sweep or (None, None), svc.read_cache
     return metrics.State(open_streams=len(svc.hub.streams), webhook_deliveries=deliveries, payments_pending=pending,
                          last_sweep_at=last_sweep[0], last_sweep_seconds=last_sweep[1],
                          chain_reachable=svc.settings.onchain.health()['reachable'] if svc.settings.onchain else None,
                          database_bytes=sum(sizes), replica_lag=replica_lag(db) if svc.replica else None,
                          replica_reopenings=svc.replica_reopenings if svc.replica else None,
                          escrow_proposals=escrow_proposals(db) if svc.settings.onchain and svc.settings.onchain.contract
-                         else None)
+                         else None, read_cache=None if cache is None else (cache.hits, cache.misses, cache.size))
 
 
 def escrow_proposals(db):
@@ -6036,6 +6059,7 @@ class Service:
         self.fan_out_wanted = None  # under the server: the gevent Event that wakes the fan-out greenlet
         self.running_keys = RunningKeys()   # Idempotency-Keys whose first request is running here
         self.last_sweep = None      # (unix time it ended, seconds it took) of the last automatic sweep
+        self.read_cache = None      # the answers of repeated reads (read_cache.py), made with the app when wanted
         self.metrics = metrics.Metrics(functools.partial(metrics_state, self))
         self.relay_secret = secrets.token_hex(32)   # signs the caller's address on the MCP child's API calls
         self.on_close = []      # what the faces started for this app, stopped with it (the MCP child)
@@ -6308,6 +6332,32 @@ def make_app(settings, faces):
             after_write(before)
         return body
 
+    cache = ReadCache(settings.read_cache_mb * 2 ** 20) if settings.read_cache_mb else None
+    app.service.read_cache = cache
+
+    def cached_read(handler, params):
+        """A GET of CACHED_READS: the answer kept for this generation, request and caller, or the handler's, kept
+        when it is a 200; an ETag of the three, and 304 without running anything when If-None-Match names it."""
+        generation = app.service.db.value('SELECT n FROM generation')      # before the answer is computed
+        who = caller()
+        asked = (request.path, request.query_string, who and who['id'], who and who['role'])
+        etag = f'"{generation}-' + hashlib.sha256(repr(asked).encode()).hexdigest()[:20] + '"'
+        response.set_header('ETag', etag)
+        if etag_matches(request.headers.get('If-None-Match', ''), etag):
+            response.status = 304
+            return b''
+        if generation > cache.generation:
+            cache.generation = generation
+            cache.forget_before(generation)
+        kept = cache.get((generation, *asked))
+        if kept is not None:
+            response.content_type = kept[0]
+            return kept[1]
+        body, succeeded = run(handler, params)
+        if succeeded and response.status_code == 200 and isinstance(body, bytes):
+            cache.put((generation, *asked), response.content_type, body)
+        return body
+
     def api(handler, bucket):
         def wrapper(**params):
             before = None
@@ -6326,6 +6376,9 @@ def make_app(settings, faces):
                 log.warning('database busy: %s %s', request.method, request.path)
                 return send_error(Unavailable('The database is busy; retry in a moment.',
                                               headers={'Retry-After': '1'}))
+            if cache is not None and request.method in ('GET', 'HEAD') and request.route.rule in CACHED_READS and not (
+                    app.service.x402 and ('GET', request.route.rule) in app.service.x402.prices):
+                return cached_read(handler, params)
             body, succeeded = run(handler, params)
             if succeeded and request.method not in ('GET', 'HEAD'):
                 after_write(before)

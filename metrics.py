@@ -34,6 +34,7 @@ class State:
     replica_lag: float = None           # a read replica only: seconds behind its primary (None before a heartbeat)
     replica_reopenings: int = None      # a read replica only: views reopened (lagged, caught up, failed)
     escrow_proposals: dict = None       # contract mode only: {'waiting': to propose, 'proposed': waiting to run}
+    read_cache: tuple = None            # (hits, misses, bytes kept) of the read cache, when there is one
 
 
 class StateCollector:
@@ -87,6 +88,15 @@ class StateCollector:
             for state_name, count in sorted(state.escrow_proposals.items()):
                 proposals.add_metric([state_name], count)
             yield proposals
+        if state.read_cache is not None:
+            hits, misses, kept = state.read_cache
+            yield CounterMetricFamily('marketplace_read_cache_hits', 'Reads answered from the read cache.', value=hits)
+            yield CounterMetricFamily('marketplace_read_cache_misses', 'Cacheable reads the handler answered.',
+                                      value=misses)
+            yield GaugeMetricFamily('marketplace_read_cache_hit_ratio', 'Hits over cacheable reads (0 before any).',
+                                    value=hits / (hits + misses) if hits + misses else 0.0)
+            yield GaugeMetricFamily('marketplace_read_cache_bytes', 'Bytes of answers the read cache keeps.',
+                                    value=kept)
 
 
 class Metrics:

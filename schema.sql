@@ -499,4 +499,13 @@ CREATE TABLE IF NOT EXISTS a2a_tasks (
 );
 CREATE INDEX IF NOT EXISTS a2a_tasks_created ON a2a_tasks(created_at);
 
+-- The read cache's generation: one number that every write which could change a cached answer (a job, a claim, a
+-- payment, an agent, a dispute...) advances in its own transaction, by the triggers marketplace.py makes for each
+-- table but GENERATION_IGNORED. A cached answer is keyed by the generation read before it was computed.
+CREATE TABLE IF NOT EXISTS generation (
+    id  INTEGER PRIMARY KEY CHECK (id = 1),
+    n   INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO generation (id, n) VALUES (1, 0);
+
 PRAGMA user_version = 11;
