@@ -20,7 +20,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -45,6 +48,7 @@ TAGS = ('alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu x
         'quebec romeo sierra tango uniform victor whiskey xray yankee zulu amber cobalt').split()
 SPECIFIC_QUERY, TAG_QUERY, BROAD_QUERY = TOPICS[42], TAGS[7], COMMON[0]
 LANGUAGES = ('python', 'rust', 'go', 'typescript', 'english', 'german')
+POLLING = 'polling agents: 200 clients, the same 3 reads, a post a second'
 TARGETS = {   # measure: (kind, threshold) — ratio to the ceiling at least, or a limit not to reach
     'GET /api/health': ('ratio', 0.85),
     'GET /api/jobs/:id': ('ratio', 0.60),
@@ -56,6 +60,7 @@ TARGETS = {   # measure: (kind, threshold) — ratio to the ceiling at least, or
     'one kept-alive client: GET /api/health p50': ('below_ms', 3.0),
     '2,000 idle streams: memory added': ('below_mb', 150.0),
     '2,000 idle streams: GET /api/health p50': ('below_ms', 10.0),
+    POLLING: ('ratio', 0.80),
 }
 
 
@@ -125,6 +130,26 @@ def wrk(url, *, connections, duration, threads=1, env=None):
     return {'requests': result['requests'], 'rps': round(result['requests'] / (result['duration_us'] / 1e6), 1),
             'p50_ms': round(result['p50_us'] / 1000, 3), 'p99_ms': round(result['p99_us'] / 1000, 3),
             'errors': errors}
+
+
+@contextmanager
+def posting_every_second(url, body):
+    """A job posted every second while the block runs (each post changes what the polling agents read)."""
+    stop = threading.Event()
+
+    def post():
+        while not stop.wait(1.0):
+            request = urllib.request.Request(url, data=body.encode(), method='POST', headers={
+                'Content-Type': 'application/json', 'Authorization': f'Bearer {ADMIN_KEY}'})
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                answer.read()
+    poster = threading.Thread(target=post, daemon=True)
+    poster.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        poster.join()
 
 
 class Process:
@@ -311,6 +336,10 @@ def main(argv=None):
                 measure('POST /api/jobs, 32 posters', f'{base}/api/jobs', connections=32, env=posting)   # grouped
                 measure('POST /api/jobs, one poster', f'{base}/api/jobs', connections=1, env=posting)    # alone
                 measure('one kept-alive client: GET /api/health p50', f'{base}/api/health', connections=1)
+                if args.only in POLLING:            # what agents do: poll a list, a search and a job, again and again
+                    reads = ','.join(['/api/jobs?limit=50', f'/api/jobs/search?q={TAG_QUERY}', f'/api/jobs/{job_id}'])
+                    with posting_every_second(f'{base}/api/jobs', body):
+                        measure(POLLING, f'{base}/api/jobs', connections=200, env={'BENCH_PATHS': reads})
                 peak = memory_kib(pid, 'VmHWM')
                 results['server peak memory'] = {'mb': round(peak / 1024, 1)}
                 if args.only in f'{args.streams:,} idle streams':

@@ -7,6 +7,19 @@ if method then
   wrk.headers["Authorization"] = "Bearer " .. os.getenv("BENCH_KEY")
 end
 
+-- BENCH_PATHS: several paths, comma-separated, asked in turn by each connection (the polling agents' reads).
+local paths = {}
+for path in string.gmatch(os.getenv("BENCH_PATHS") or "", "[^,]+") do
+  table.insert(paths, path)
+end
+if #paths > 0 then
+  local turn = 0
+  request = function()
+    turn = turn % #paths + 1
+    return wrk.format("GET", paths[turn])
+  end
+end
+
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
