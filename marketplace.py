@@ -623,10 +623,11 @@ class CommitGroup:
 # The reads answered from the read cache (read_cache.py) while nothing they show has changed.
 CACHED_READS = {'/api/jobs', '/api/jobs/search', '/api/jobs/<job_id>', '/api/jobs/feed', '/api/agents',
                 '/api/agents/<agent_id>'}
-# Tables whose rows no cached answer shows (read_cache.py): their writes leave the generation as it is.
+# Tables whose rows no cached answer shows (read_cache.py), or that change only beside a table that advances the
+# generation in the same transaction (job_counts with jobs, ledger_entries with payments): their writes leave it.
 GENERATION_IGNORED = {'generation', 'api_keys', 'sessions', 'idempotency_keys', 'chain_state', 'webhook_events',
                       'webhook_deliveries', 'signed_transactions', 'oauth_clients', 'oauth_grants', 'oauth_codes',
-                      'oauth_tokens', 'a2a_tasks'}
+                      'oauth_tokens', 'a2a_tasks', 'job_counts', 'ledger_entries'}
 
 
 def generation_triggers(conn):
