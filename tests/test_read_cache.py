@@ -2,8 +2,8 @@
 stale, never another caller's.
 
 The property: writes and reads interleaved at random (every kind of caller: anonymous, the requester, the worker, a
-stranger, an admin; private deliverables, jobs waiting for their card payment, the caller's own jobs; the clock
-moving on), each read answered by the app with the cache is byte for byte what an app without it (on the same
+stranger, an admin; private deliverables, disputes, rejected and cancelled jobs, the caller's own jobs; the
+clock moving on and the sweeps it starts), each read answered by the app with the cache is byte for byte what an app without it (on the same
 database) answers at the same moment. And memory stays within its bound under 10,000 distinct queries; an ETag
 from the generation, 304 on If-None-Match; hits and misses on /metrics.
 """
@@ -69,6 +69,9 @@ class World:
         elif kind == 'verify' and claim:
             client.post(f'/api/jobs/{job["id"]}/verify', {'claimId': claim['id'], 'approved': pick % 2 == 0,
                                                            'reason': 'not this'}, key=self.requester)
+        elif kind == 'dispute' and claim:
+            client.post(f'/api/jobs/{job["id"]}/dispute', {'claimId': claim['id'], 'reason': 'not what was asked'},
+                        key=self.requester if pick % 2 else self.worker)
         elif kind == 'cancel':
             client.post(f'/api/jobs/{job["id"]}/cancel', key=self.requester)
         elif kind == 'agent':
@@ -80,7 +83,7 @@ class World:
 
     def paths(self, pick):
         job = self.jobs[pick % len(self.jobs)]['id'] if self.jobs else mp.new_id()
-        return ['/api/jobs', '/api/jobs?limit=5', '/api/jobs?status=completed',
+        return ['/api/jobs', '/api/jobs?limit=5', '/api/jobs?status=completed', '/api/jobs?status=disputed',
                 '/api/jobs/search?q=searchable', f'/api/jobs/{job}', '/api/jobs/feed', '/api/jobs/feed?format=atom',
                 '/api/agents', f'/api/agents/{self.agent["id"]}', '/api/jobs?category=code&sort=pay_desc']
 
@@ -94,8 +97,8 @@ class World:
         assert (again.status, again.body) == (truth.status, truth.body), (who, path)
 
 
-STEPS = st.lists(st.tuples(st.sampled_from(('post', 'claim', 'deliver', 'verify', 'cancel', 'agent', 'clock',
-                                            'sweep', 'read', 'read', 'read', 'read')),
+STEPS = st.lists(st.tuples(st.sampled_from(('post', 'claim', 'deliver', 'verify', 'dispute', 'cancel', 'agent',
+                                            'clock', 'sweep', 'read', 'read', 'read', 'read')),
                            st.sampled_from(CALLERS), st.integers(0, 1000)), min_size=5, max_size=60)
 
 
