@@ -35,6 +35,19 @@ def apps(tmp_path, **overrides):
     return cached, plain
 
 
+@pytest.fixture
+def pair(tmp_path):
+    """pair(**settings): apps() on this test's directory, both closed after the test."""
+    made = []
+
+    def make(**overrides):
+        made.extend(apps(tmp_path, **overrides))
+        return made[-2:]
+    yield make
+    for app in made:
+        app.service.close()
+
+
 class World:
     """A marketplace driven at random: its people, their jobs and claims."""
 
@@ -126,8 +139,8 @@ def test_cached_reads_are_what_an_uncached_app_answers_after_any_writes(tmp_path
         plain.service.close()
 
 
-def test_a_write_is_never_followed_by_an_older_answer(tmp_path):
-    cached, plain = apps(tmp_path)
+def test_a_write_is_never_followed_by_an_older_answer(pair):
+    cached, plain = pair()
     client = Client(cached)
     _, key = make_account(client, 'requester')
     for n in range(5):
@@ -136,12 +149,10 @@ def test_a_write_is_never_followed_by_an_older_answer(tmp_path):
         assert client.post('/api/jobs', job_body(title=f'job {n}'), key=key).status == 201
     assert client.get('/api/jobs').json['total'] == 5
     assert cached.service.read_cache.hits >= 5
-    cached.service.close()
-    plain.service.close()
 
 
-def test_a_private_deliverable_cached_for_its_requester_is_never_shown_to_a_stranger(tmp_path):
-    cached, plain = apps(tmp_path)
+def test_a_private_deliverable_cached_for_its_requester_is_never_shown_to_a_stranger(pair):
+    cached, plain = pair()
     client = Client(cached)
     world = World(cached, plain)
     world.write('post', 1)
@@ -154,12 +165,10 @@ def test_a_private_deliverable_cached_for_its_requester_is_never_shown_to_a_stra
     for key in (None, world.stranger):
         shown = client.get(path, key=key)
         assert shown.status == 200 and 'example.com/private' not in json.dumps(shown.json)
-    cached.service.close()
-    plain.service.close()
 
 
-def test_an_etag_from_the_generation_answers_304_until_a_write(tmp_path):
-    cached, plain = apps(tmp_path)
+def test_an_etag_from_the_generation_answers_304_until_a_write(pair):
+    cached, plain = pair()
     client = Client(cached)
     _, key = make_account(client, 'requester')
     first = client.get('/api/jobs/search?q=flaky')
@@ -173,12 +182,10 @@ def test_an_etag_from_the_generation_answers_304_until_a_write(tmp_path):
     assert client.post('/api/jobs', job_body(title='Fix the flaky test'), key=key).status == 201
     changed = client.get('/api/jobs/search?q=flaky', headers={'If-None-Match': etag})
     assert changed.status == 200 and changed.json['total'] == 1 and header(changed, 'ETag') != etag
-    cached.service.close()
-    plain.service.close()
 
 
-def test_memory_stays_within_its_bound_under_10000_distinct_queries(tmp_path):
-    cached, plain = apps(tmp_path, read_cache_mb=1)
+def test_memory_stays_within_its_bound_under_10000_distinct_queries(pair):
+    cached, plain = pair(read_cache_mb=1)
     client = Client(cached)
     _, key = make_account(client, 'requester')
     for n in range(3):
@@ -191,8 +198,6 @@ def test_memory_stays_within_its_bound_under_10000_distinct_queries(tmp_path):
         largest = max(largest, cache.size)
     assert cache.max_bytes == 2 ** 20 and largest <= cache.max_bytes
     assert 1_000 < len(cache) < 10_000          # many kept, the oldest forgotten
-    cached.service.close()
-    plain.service.close()
 
 
 def test_the_cache_alone_keeps_its_bound_and_forgets_older_generations():
@@ -210,13 +215,13 @@ def test_the_cache_alone_keeps_its_bound_and_forgets_older_generations():
 
 
 @pytest.mark.parametrize('path', ['/api/jobs', '/api/agents'])
-def test_the_cache_off_answers_without_an_etag(tmp_path, path):
-    _, plain = apps(tmp_path)
+def test_the_cache_off_answers_without_an_etag(pair, path):
+    _, plain = pair()
     assert header(Client(plain).get(path), 'ETag') is None
 
 
-def test_metrics_show_the_hit_ratio(tmp_path):
-    cached, plain = apps(tmp_path)
+def test_metrics_show_the_hit_ratio(pair):
+    cached, plain = pair()
     client = Client(cached)
     for _ in range(4):
         assert client.get('/api/jobs').status == 200       # one miss, three hits
@@ -224,5 +229,3 @@ def test_metrics_show_the_hit_ratio(tmp_path):
     shown = shown.decode() if isinstance(shown, bytes) else shown
     assert 'marketplace_read_cache_hits_total 3.0' in shown and 'marketplace_read_cache_misses_total 1.0' in shown
     assert 'marketplace_read_cache_hit_ratio 0.75' in shown
-    cached.service.close()
-    plain.service.close()
