@@ -6345,9 +6345,9 @@ def make_app(settings, faces):
         who = caller()
         asked = (request.path, request.query_string, who and who['id'], who and who['role'])
         etag = f'"{generation}-' + hashlib.sha256(repr(asked).encode()).hexdigest()[:20] + '"'
-        response.set_header('ETag', etag)
-        if etag_matches(request.headers.get('If-None-Match', ''), etag):
+        if etag_matches(request.headers.get('If-None-Match', ''), etag):    # only a 200 gave it out
             response.status = 304
+            response.set_header('ETag', etag)
             return b''
         if generation > cache.generation:
             cache.generation = generation
@@ -6355,10 +6355,12 @@ def make_app(settings, faces):
         kept = cache.get((generation, *asked))
         if kept is not None:
             response.content_type = kept[0]
+            response.set_header('ETag', etag)
             return kept[1]
         body, succeeded = run(handler, params)
         if succeeded and response.status_code == 200 and isinstance(body, bytes):
             cache.put((generation, *asked), response.content_type, body)
+            response.set_header('ETag', etag)
         return body
 
     def api(handler, bucket):

@@ -182,6 +182,8 @@ def test_an_etag_from_the_generation_answers_304_until_a_write(pair):
     assert client.post('/api/jobs', job_body(title='Fix the flaky test'), key=key).status == 201
     changed = client.get('/api/jobs/search?q=flaky', headers={'If-None-Match': etag})
     assert changed.status == 200 and changed.json['total'] == 1 and header(changed, 'ETag') != etag
+    missing = client.get(f'/api/jobs/{mp.new_id()}')
+    assert missing.status == 404 and header(missing, 'ETag') is None      # only a 200 is tagged
 
 
 def test_memory_stays_within_its_bound_under_10000_distinct_queries(pair):
