@@ -377,8 +377,9 @@ CREATE INDEX IF NOT EXISTS webhook_deliveries_agent ON webhook_deliveries(agent_
 CREATE INDEX IF NOT EXISTS webhook_deliveries_pending ON webhook_deliveries(agent_id, next_attempt_at)
     WHERE status = 'pending';
 
--- Events waiting to be fanned out into webhook_deliveries: the change's transaction writes one row, and a
--- background greenlet expands it in short transactions, each recording its progress with the rows it adds.
+-- Events fanned out into webhook_deliveries: the change's transaction writes one row, with its deliveries when
+-- they are few (marketplace.FAN_OUT_INLINE); else a background greenlet expands it in short transactions, each
+-- recording its progress with the rows it adds.
 CREATE TABLE IF NOT EXISTS webhook_events (
     seq               INTEGER PRIMARY KEY,
     event             TEXT NOT NULL,

@@ -215,16 +215,17 @@ class CommitThread:
         return getattr(self.conn, name)
 
 
-def test_events_that_reach_nobody_share_one_fan_out_transaction(app, client, monkeypatch):
+def test_events_for_few_agents_are_expanded_in_their_writes_transaction(app, client, monkeypatch):
     db = app.service.db
     _, key = mp.create_account(db, 'poster')
-    monkeypatch.setattr(app.service, 'fan_out', lambda: None)        # the fan-out runs below
+    monkeypatch.setattr(app.service, 'fan_out', lambda: None)        # a fan-out would run below
+    commits = Commits(db, monkeypatch)
     for n in range(5):
         assert client.post('/api/jobs', job_body(title=f'Fanned {n}'), key=key).status == 201
-    commits = Commits(db, monkeypatch)
-    assert mp.fan_out_events(db) == 1
-    assert commits.sizes == [1]
+    assert commits.sizes == [1] * 5                 # one transaction a post, its event's expansion in it
     assert db.value('SELECT count(*) FROM webhook_events WHERE expanded_at IS NULL') == 0
+    assert mp.fan_out_events(db) == 0
+    assert commits.sizes == [1] * 5                 # and no fan-out transaction after them
 
 
 # Through the real server -----------------------------------------------------

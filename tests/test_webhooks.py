@@ -1203,10 +1203,28 @@ def test_the_request_writes_one_event_and_the_fan_out_makes_the_deliveries(clien
     assert recipients(outbox(app, 'job.new', job=job)) == sorted(a['id'] for a in hooked_agents)
 
 
+def test_a_few_agents_get_their_deliveries_in_the_writes_own_transaction(client, app, requester, monkeypatch):
+    _, requester_key = requester
+    hooked_agents = [worker(client, f'w{i}', f'https://hooks.example.com/{i}') for i in range(3)]
+    monkeypatch.setattr(app.service, 'fan_out', lambda: None)        # no fan-out runs in this test
+    job = make_job(client, requester_key)
+    rows = outbox(app, 'job.new', job=job)
+    assert recipients(rows) == sorted(agent['id'] for _, _, agent, _ in hooked_agents)
+    assert {json.loads(row['payload'])['data']['agentId'] for row in rows} == {row['agent_id'] for row in rows}
+    event = app.service.db.row("SELECT * FROM webhook_events WHERE event = 'job.new' AND job_id = :id",
+                               {'id': job['id']})
+    assert event['expanded_at'] == event['created_at'] == rows[0]['next_attempt_at']
+    _, key, agent, _ = hooked_agents[0]
+    claim(client, job, agent, key)
+    assert recipients(outbox(app, 'job.claimed', job=job)) == [agent['id']]      # named recipients: the same
+    assert app.service.db.value('SELECT count(*) FROM webhook_events WHERE expanded_at IS NULL') == 0
+
+
 def test_the_fan_out_is_exactly_once_across_a_crash_and_skips_later_agents(client, app, requester, monkeypatch):
     _, requester_key = requester
     hooked_agents = [worker(client, f'w{i}', f'https://hooks.example.com/{i}')[2] for i in range(7)]
     monkeypatch.setattr(app.service, 'fan_out', lambda: None)        # the fan-out waits: it runs below
+    monkeypatch.setattr(mp, 'FAN_OUT_INLINE', 5)        # 7 agents: too many to expand in the post's transaction
     job = make_job(client, requester_key)
     assert outbox(app, 'job.new', job=job) == []
     mp.CLOCK.advance(milliseconds=5)
