@@ -438,6 +438,38 @@ def test_the_database_is_opened_for_durability(db_path):
         app.service.close()
 
 
+class OpenedFiles(apsw.VFS):
+    """The default VFS, noting the kind (SQLITE_OPEN_* flags) of each file SQLite opens."""
+
+    def __init__(self):
+        self.kinds = []
+        super().__init__('opened-files', base='', makedefault=True)
+
+    def xOpen(self, name, flags):
+        self.kinds.append(flags[0])
+        return super().xOpen(name, flags)
+
+
+def test_a_write_transaction_keeps_its_savepoint_journal_in_memory(db_path):
+    opened = OpenedFiles()
+    try:
+        db = mp.Database(db_path)
+        db.migrate()
+        try:
+            account, _ = mp.create_account(db, 'poster')
+            fields = mp.read_job_body(job_body(description='x' * 4000), account)
+            with db.transaction():          # one savepoint that changes far more than 64 KiB of pages
+                for _ in range(40):
+                    mp.create_job(db, mp.Settings(db=str(db_path)), dict(fields, id=None))
+            assert db.value('SELECT count(*) FROM jobs') == 40
+        finally:
+            db.close()
+    finally:
+        opened.unregister()
+    subjournal = apsw.mapping_open_flags['SQLITE_OPEN_SUBJOURNAL']
+    assert opened.kinds and not [kind for kind in opened.kinds if kind & subjournal]
+
+
 # make ------------------------------------------------------------------------
 
 def test_make_help_lists_the_targets():
