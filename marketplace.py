@@ -974,14 +974,19 @@ class Database:
         self.conn.execute(sql, params or {})
         return self.conn.changes()
 
-    def insert(self, table, values):
-        """Insert a dict as a row of a table named by the code, never by a caller."""
+    def insert(self, table, values, returning=False):
+        """Insert a dict as a row of a table named by the code, never by a caller; with `returning`, the row as
+        stored (its defaults and rowid too) as a dict."""
         if not self.writing():
             with self.transaction():
-                return self.insert(table, values)
+                return self.insert(table, values, returning)
         names = ', '.join(values)
         marks = ', '.join(':' + name for name in values)
-        self.conn.execute(f'INSERT INTO {table} ({names}) VALUES ({marks})', values)
+        cursor = self.conn.execute(f'INSERT INTO {table} ({names}) VALUES ({marks})'
+                                   + (' RETURNING *' if returning else ''), values)
+        if returning:
+            columns = [column[0] for column in cursor.get_description()]
+            return dict(zip(columns, next(cursor)))
 
     def backup(self, destination):
         """Copy the live database to a file, page by page, while it stays in use."""
@@ -3214,7 +3219,7 @@ def create_job(db, settings, fields, funding=None, checkout=None):
     with db.transaction():
         if not db.value('SELECT 1 FROM accounts WHERE id = :id', {'id': job['requester_id']}):
             raise NotFound('No account has this id (requesterId).')
-        db.insert('jobs', job)
+        job = dict(db.insert('jobs', job, returning=True), claim_count=0)     # as get_job reads it: no claims yet
         if funding and funding['tx_hash']:        # a deposit is used up by jobs.escrow_deposit_id (unique)
             db.insert('used_payments', {'chain_id': settings.chain_id, 'tx_hash': funding['tx_hash'],
                                         'purpose': 'escrow', 'account_id': job['requester_id'],
@@ -3222,7 +3227,7 @@ def create_job(db, settings, fields, funding=None, checkout=None):
         if not checkout:
             lock_escrow(db, job, funding)
             queue_event(db, settings, 'job.new', job['id'], job=job)
-        return get_job(db, job['id'])
+        return job
 
 
 def get_job(db, job_id):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -517,6 +518,26 @@ def test_health_over_http(live_server):
     assert answer.json() == {'status': 'ok', 'version': '2.0.0', 'dbConnected': True, 'payments': 'simulated',
                              'rails': {'base': 'simulated', 'stripe': 'simulated'},
                              'replication': {'enabled': False, 'url': None}, 'role': 'primary'}
+
+
+def test_the_access_log_line_and_answers_small_and_large(live_server):
+    output = Output(live_server)
+    small = requests.get(live_server.url + '/api/health?probe=access-line', timeout=TIMEOUT)
+    key = requests.post(live_server.url + '/api/accounts', json={'name': 'poster'}, timeout=TIMEOUT).json()['apiKey']
+    for n in range(40):     # a list of 40 jobs with 2 KB descriptions: an answer past ONE_SEND_BYTES
+        assert requests.post(live_server.url + '/api/jobs', json=job_body(title=f'Large {n}', description='d' * 2000),
+                             headers={'Authorization': f'Bearer {key}'}, timeout=TIMEOUT).status_code == 201
+    large = requests.get(live_server.url + '/api/jobs?limit=40', timeout=TIMEOUT)
+    assert len(large.content) > http_server.ONE_SEND_BYTES and len(large.json()['jobs']) == 40
+    assert output.wait_for('"GET /api/jobs?limit=40 HTTP/1.1" 200')
+    line = next(line for line in output.lines if 'probe=access-line' in line)
+    # gevent's access line: address, the local time to the second, the request line, status, bytes, seconds
+    assert re.fullmatch(r'127\.0\.0\.1 - - \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] "GET /api/health\?probe=access-line '
+                        r'HTTP/1\.1" 200 (\d+) \d+\.\d{6}\n', line), line
+    sent = int(line.split('" 200 ')[1].split()[0])
+    assert sent > len(small.content) and sent < len(small.content) + 1000     # the head and the body
+    big = next(line for line in output.lines if '"GET /api/jobs?limit=40 HTTP/1.1" 200' in line)
+    assert int(big.split('" 200 ')[1].split()[0]) > len(large.content)
 
 
 def test_unknown_path_is_a_json_404(live_server):
