@@ -2,7 +2,8 @@
 stale, never another caller's.
 
 The property: writes and reads interleaved at random (every kind of caller: anonymous, the requester, the worker, a
-stranger, an admin; private deliverables, disputes, rejected and cancelled jobs, the caller's own jobs; the
+stranger, an admin; private deliverables, disputes, rejected and cancelled jobs, jobs pending a card payment (opened, then
+paid or expired), the caller's own jobs; the
 clock moving on and the sweeps it starts), each read answered by the app with the cache is byte for byte what an app without it (on the same
 database) answers at the same moment. And memory stays within its bound under 10,000 distinct queries; an ETag
 from the generation, 304 on If-None-Match; hits and misses on /metrics.
@@ -60,9 +61,22 @@ class World:
         self.keys = {'anonymous': None, 'requester': self.requester, 'worker': self.worker,
                      'stranger': self.stranger, 'admin': ADMIN_KEY}
         self.jobs, self.claims = [], {}     # claims: job id -> claim
+        self.pending = []                   # jobs waiting for their Checkout to be paid: (job, session id)
 
     def write(self, kind, pick):
         client = self.client
+        if kind == 'checkout':      # a card payment opened (stripe mode's rules): the job pending_payment, hidden
+            self.checkout(pick)
+            return
+        if kind in ('paid', 'unpaid') and self.pending:
+            job, session = self.pending.pop(pick % len(self.pending))
+            outcome = mp.settle_checkout(self.client.app.service.db, self.client.app.service.settings, {
+                'id': session, 'client_reference_id': job['id'], 'amount_total': job['amount_cents'],
+                'currency': 'usd', 'payment_intent': f'pi_{pick}', 'status': 'complete' if kind == 'paid' else
+                'expired', 'payment_status': 'paid' if kind == 'paid' else 'unpaid'}, kind)
+            assert outcome == ('opened' if kind == 'paid' else 'cancelled', job['id'])
+            self.jobs.append({'id': job['id']})
+            return
         if kind == 'post' or not self.jobs:
             currency = 'USD' if pick % 3 == 0 else 'USDC'
             answer = client.post('/api/jobs', job_body(title=f'searchable job {len(self.jobs)}',
@@ -94,14 +108,28 @@ class World:
         elif kind == 'sweep':
             mp.run_sweeps(client.app.service.db, client.app.service.settings)
 
+    def checkout(self, pick):
+        app = self.client.app
+        account = app.service.db.row("SELECT id, role FROM accounts WHERE name = 'requester'")
+        fields = mp.read_job_body(job_body(title=f'searchable pending {pick}', paymentCurrency='USD'), account)
+        session = f'cs_test_{pick}_{len(self.pending)}'
+        job = mp.create_job(app.service.db, app.service.settings, fields, checkout={
+            'id': session, 'url': f'https://checkout.stripe.com/c/pay/{session}',
+            'expires_at': mp.iso(mp.now() + mp.timedelta(minutes=30))})
+        assert job['status'] == 'pending_payment'
+        self.pending.append((job, session))
+
     def paths(self, pick):
-        job = self.jobs[pick % len(self.jobs)]['id'] if self.jobs else mp.new_id()
+        ids = [job['id'] for job in self.jobs] + [job['id'] for job, _ in self.pending]
+        job = ids[pick % len(ids)] if ids else mp.new_id()
         return ['/api/jobs', '/api/jobs?limit=5', '/api/jobs?status=completed', '/api/jobs?status=disputed',
                 '/api/jobs/search?q=searchable', f'/api/jobs/{job}', '/api/jobs/feed', '/api/jobs/feed?format=atom',
                 '/api/agents', f'/api/agents/{self.agent["id"]}', '/api/jobs?category=code&sort=pay_desc']
 
     def read(self, who, pick):
-        path = self.paths(pick)[pick % len(self.paths(pick))]
+        self.read_path(who, self.paths(pick)[pick % len(self.paths(pick))])
+
+    def read_path(self, who, path):
         key = self.keys[who]
         first = self.client.get(path, key=key)
         truth = self.plain.get(path, key=key)
@@ -111,7 +139,8 @@ class World:
 
 
 STEPS = st.lists(st.tuples(st.sampled_from(('post', 'claim', 'deliver', 'verify', 'dispute', 'cancel', 'agent',
-                                            'clock', 'sweep', 'read', 'read', 'read', 'read')),
+                                            'clock', 'sweep', 'checkout', 'paid', 'unpaid',
+                                            'read', 'read', 'read', 'read')),
                            st.sampled_from(CALLERS), st.integers(0, 1000)), min_size=5, max_size=60)
 
 
@@ -132,6 +161,15 @@ def test_cached_reads_are_what_an_uncached_app_answers_after_any_writes(tmp_path
         for who in CALLERS:                             # at the end, everything once more, by everyone
             for pick in range(len(world.paths(0))):
                 world.read(who, pick)
+        world.checkout(0)                               # and a job pending payment, read by each as it is, then paid
+        job, _ = world.pending[-1]
+        for who in CALLERS:
+            world.read_path(who, f'/api/jobs/{job["id"]}')
+            world.read_path(who, '/api/jobs/search?q=pending')
+        world.write('paid', len(world.pending) - 1)
+        for who in CALLERS:
+            world.read_path(who, f'/api/jobs/{job["id"]}')
+            world.read_path(who, '/api/jobs/search?q=pending')
         assert cached.service.read_cache.hits > 0
     finally:
         mp.CLOCK.set(None)
