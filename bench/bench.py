@@ -49,6 +49,7 @@ TAGS = ('alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu x
 SPECIFIC_QUERY, TAG_QUERY, BROAD_QUERY = TOPICS[42], TAGS[7], COMMON[0]
 LANGUAGES = ('python', 'rust', 'go', 'typescript', 'english', 'german')
 POLLING = 'polling agents: 200 clients, the same 3 reads, a post a second'
+POLLING_CONDITIONAL = 'polling agents sending If-None-Match'
 TARGETS = {   # measure: (kind, threshold) — ratio to the ceiling at least, or a limit not to reach
     'GET /api/health': ('ratio', 0.85),
     'GET /api/jobs/:id': ('ratio', 0.60),
@@ -340,6 +341,8 @@ def main(argv=None):
                     reads = ','.join(['/api/jobs?limit=50', f'/api/jobs/search?q={TAG_QUERY}', f'/api/jobs/{job_id}'])
                     with posting_every_second(f'{base}/api/jobs', body):
                         measure(POLLING, f'{base}/api/jobs', connections=200, env={'BENCH_PATHS': reads})
+                        measure(POLLING_CONDITIONAL, f'{base}/api/jobs', connections=200,    # 304s until a post
+                                env={'BENCH_PATHS': reads, 'BENCH_CONDITIONAL': '1'})
                 peak = memory_kib(pid, 'VmHWM')
                 results['server peak memory'] = {'mb': round(peak / 1024, 1)}
                 if args.only in f'{args.streams:,} idle streams':

@@ -12,11 +12,32 @@ local paths = {}
 for path in string.gmatch(os.getenv("BENCH_PATHS") or "", "[^,]+") do
   table.insert(paths, path)
 end
+-- BENCH_CONDITIONAL: each read sends If-None-Match with the newest ETag seen of each answer (a list, as RFC 9110
+-- allows: wrk does not say which connection an answer came on, so not which path; an ETag names its own).
+local conditional = os.getenv("BENCH_CONDITIONAL")
 if #paths > 0 then
-  local turn = 0
+  local turn, newest = 0, {}
   request = function()
     turn = turn % #paths + 1
+    if conditional and next(newest) then
+      local tags = {}
+      for _, tag in pairs(newest) do
+        table.insert(tags, tag)
+      end
+      return wrk.format("GET", paths[turn], {["If-None-Match"] = table.concat(tags, ", ")})
+    end
     return wrk.format("GET", paths[turn])
+  end
+  if conditional then
+    response = function(status, headers, body)
+      local tag = headers["ETag"] or headers["Etag"]
+      if status == 200 and tag then
+        local answer = string.match(tag, '^"%d+%-(%x+)"$')     -- "<generation>-<what was asked, by whom>"
+        if answer then
+          newest[answer] = tag
+        end
+      end
+    end
   end
 end
 
