@@ -14,9 +14,9 @@ from xml.etree.ElementTree import Element, SubElement, tostring
 
 from bottle import request, response
 
-from marketplace import (DECIMALS, JOB_SELECT, JOB_SORTS, __version__, agent_json, cacheable, etag_matches,
-                         format_cents, get_agent, job_json, now_iso, parse_time, parse_uuid, query_choice, route,
-                         service)
+from marketplace import (DECIMALS, JOB_SELECT, JOB_SORTS, __version__, agent_json, answer_holds_until, cacheable,
+                         etag_matches, format_cents, get_agent, job_json, now_iso, parse_time, parse_uuid, query_choice,
+                         route, service)
 
 
 X402_EXTENSION = 'https://github.com/google-a2a/a2a-x402/v0.1'
@@ -120,7 +120,10 @@ def get_feed():
     form = query_choice(request.query, 'format', tuple(FEED_TYPES), 'rss')
     svc = service()
     base = svc.settings.base_url
-    body = jobs_feed([job_json(job, base) for job in feed_jobs(svc.db)], base, form)
+    jobs = feed_jobs(svc.db)
+    if jobs:        # the first of them to reach its deadline leaves the feed (and the next one may come in)
+        answer_holds_until(min(job['deadline'] for job in jobs))
+    body = jobs_feed([job_json(job, base) for job in jobs], base, form)
     response.content_type = FEED_TYPES[form]
     return body
 

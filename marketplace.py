@@ -3031,11 +3031,13 @@ def agent_wants(agent, job):
 def agents_wanting(db, job, *, after='', registered_by=None, limit=FAN_OUT_BATCH):
     """The agents a new job suits, never the requester's own, in id order after `after` (registered at or before
     `registered_by`, at most `limit` examined, up to FAN_OUT_BATCH): (their ids, the last id examined or None when
-    none was left, how many were examined). The statement's LIMIT is a constant: a bound one makes SQLite prepare
-    the statement again at every run (40 us, more than the search itself when no agent has a webhook)."""
+    none was left, how many were examined). The statement's LIMIT is one of two constants (a post's look at a few,
+    a fan-out batch): a bound one makes SQLite prepare the statement again at every run (40 us, more than the
+    search itself when no agent has a webhook)."""
+    rows = FAN_OUT_INLINE if limit <= FAN_OUT_INLINE else FAN_OUT_BATCH
     examined = webhook_agents(db, f'''a.account_id != :requester AND a.id > :after
                                       AND (:registered_by IS NULL OR a.created_at <= :registered_by)
-                                      ORDER BY a.id LIMIT {FAN_OUT_BATCH}''',
+                                      ORDER BY a.id LIMIT {rows}''',
                               {'requester': job['requester_id'], 'after': after, 'registered_by': registered_by})
     examined = examined[:limit]
     return ([agent['id'] for agent in examined if agent_wants(agent, job)],
@@ -6136,6 +6138,13 @@ class Service:
 # when it is sane, else a new one. '_' is not among the characters, so an API key (mk_...) is never taken as one.
 REQUEST_ID = re.compile(r'[A-Za-z0-9.:-]{1,128}')
 REQUEST_ID_KEY = 'marketplace.request_id'       # where a request's id is kept in its WSGI environ
+ANSWER_UNTIL = 'marketplace.answer_until'       # ... and the moment its answer stops holding (answer_holds_until)
+
+
+def answer_holds_until(moment):
+    """Say that this request's answer changes with the clock at `moment` (an ISO time) though nothing is written
+    (the feed drops a job at its deadline): the read cache gives it no later than that."""
+    request.environ[ANSWER_UNTIL] = min(request.environ.get(ANSWER_UNTIL, moment), moment)
 NO_ROUTE = metrics.UNMATCHED    # the route template of a request that matched none: 404, 405, refused before the app
 
 
@@ -6360,28 +6369,26 @@ def make_app(settings, faces):
     app.service.read_cache = cache
 
     def cached_read(handler, params):
-        """A GET of CACHED_READS: the answer kept for this generation, request and caller, or the handler's, kept
-        when it is a 200; an ETag of the three, and 304 without running anything when If-None-Match names it."""
+        """A GET of CACHED_READS: the answer kept for this generation, request and caller while it holds, or the
+        handler's, kept when it is a 200 (until the moment it gave with answer_holds_until, if it did); its ETag (the
+        generation and a digest of the rest), and 304 without a body when If-None-Match names it."""
         generation = app.service.db.value('SELECT n FROM generation')      # before the answer is computed
         who = caller()
-        asked = (request.path, request.query_string, who and who['id'], who and who['role'])
-        etag = f'"{generation}-' + hashlib.sha256(repr(asked).encode()).hexdigest()[:20] + '"'
-        if etag_matches(request.headers.get('If-None-Match', ''), etag):    # only a 200 gave it out
-            response.status = 304
-            response.set_header('ETag', etag)
-            return b''
-        if generation > cache.generation:
-            cache.generation = generation
-            cache.forget_before(generation)
-        kept = cache.get((generation, *asked))
+        key = (generation, request.path, request.query_string, who and who['id'], who and who['role'])
+        kept = cache.get(key, now_iso())
         if kept is not None:
-            response.content_type = kept[0]
-            response.set_header('ETag', etag)
-            return kept[1]
-        body, succeeded = run(handler, params)
-        if succeeded and response.status_code == 200 and isinstance(body, bytes):
-            cache.put((generation, *asked), response.content_type, body)
-            response.set_header('ETag', etag)
+            response.content_type, body, etag = kept
+        else:
+            body, succeeded = run(handler, params)
+            if not (succeeded and response.status_code == 200 and isinstance(body, bytes)):
+                return body                 # only a 200 is kept and tagged
+            until = request.environ.get(ANSWER_UNTIL)
+            etag = f'"{generation}-' + hashlib.sha256(repr((key[1:], until)).encode()).hexdigest()[:20] + '"'
+            cache.put(key, response.content_type, body, etag, until)
+        response.set_header('ETag', etag)
+        if etag_matches(request.headers.get('If-None-Match', ''), etag):
+            response.status = 304
+            return b''
         return body
 
     def api(handler, bucket):

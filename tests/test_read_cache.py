@@ -9,6 +9,7 @@ database) answers at the same moment. And memory stays within its bound under 10
 from the generation, 304 on If-None-Match; hits and misses on /metrics.
 """
 
+import hashlib
 import json
 import random
 
@@ -79,7 +80,8 @@ class World:
             return
         if kind == 'post' or not self.jobs:
             currency = 'USD' if pick % 3 == 0 else 'USDC'
-            answer = client.post('/api/jobs', job_body(title=f'searchable job {len(self.jobs)}',
+            deadline = mp.iso(mp.now() + mp.timedelta(hours=pick % 40 + 1))     # the clock's steps pass some
+            answer = client.post('/api/jobs', job_body(title=f'searchable job {len(self.jobs)}', deadline=deadline,
                                                        paymentCurrency=currency), key=self.requester)
             if answer.status == 201:
                 self.jobs.append(answer.json['job'])
@@ -222,6 +224,10 @@ def test_an_etag_from_the_generation_answers_304_until_a_write(pair):
     assert changed.status == 200 and changed.json['total'] == 1 and header(changed, 'ETag') != etag
     missing = client.get(f'/api/jobs/{mp.new_id()}')
     assert missing.status == 404 and header(missing, 'ETag') is None      # only a 200 is tagged
+    nobody = f'/api/jobs/{mp.new_id()}'         # a tag made up the server's way, for a job that is not there
+    made_up = '"%d-%s"' % (cached.service.db.value('SELECT n FROM generation'), hashlib.sha256(
+        repr(((nobody, '', None, None), None)).encode()).hexdigest()[:20])
+    assert client.get(nobody, headers={'If-None-Match': made_up}).status == 404      # a 304 only names a 200
 
 
 def test_memory_stays_within_its_bound_under_10000_distinct_queries(pair):
@@ -244,14 +250,46 @@ def test_the_cache_alone_keeps_its_bound_and_forgets_older_generations():
     cache = ReadCache(10_000)
     rng = random.Random(7)
     for n in range(10_000):
-        cache.put((n // 1000, f'/q{n}', None, None), 'application/json', b'x' * rng.randrange(1, 500))
+        cache.put((n // 1000, f'/q{n}', None, None), 'application/json', b'x' * rng.randrange(1, 500), f'"{n}"')
         assert cache.size <= 10_000
-    assert cache.get((9, '/q9999', None, None))[0] == 'application/json'
+    assert cache.get((9, '/q9999', None, None)) == ('application/json', cache.get((9, '/q9999', None, None))[1],
+                                                    '"9999"')
     assert cache.get((0, '/q0', None, None)) is None
     cache.forget_before(10)
     assert (len(cache), cache.size) == (0, 0)
-    cache.put(('g', 'huge'), 'application/json', b'x' * 20_000)      # larger than the whole cache: not kept
-    assert len(cache) == 0 and (cache.hits, cache.misses) == (1, 1)
+    cache.put(('g', 'huge'), 'application/json', b'x' * 20_000, '"huge"')     # larger than the whole cache: not kept
+    assert len(cache) == 0 and (cache.hits, cache.misses) == (2, 1)
+
+
+def test_an_answer_kept_until_a_moment_is_not_given_at_or_after_it():
+    cache = ReadCache(10_000)
+    cache.put((1, '/feed'), 'application/rss+xml', b'<rss/>', '"1-a"', until='2026-11-27T12:00:00.000Z')
+    assert cache.get((1, '/feed'), '2026-11-27T11:59:59.999Z') == ('application/rss+xml', b'<rss/>', '"1-a"')
+    assert cache.get((1, '/feed'), '2026-11-27T12:00:00.000Z') is None
+    assert (len(cache), cache.size) == (0, 0)           # forgotten, its bytes given back
+
+
+def test_the_feed_drops_a_job_at_its_deadline_with_nothing_written_meanwhile(pair):
+    cached, plain = pair()
+    client, truth = Client(cached), Client(plain)
+    _, key = make_account(client, 'requester')
+    mp.CLOCK.set(mp.now())
+    try:
+        soon = mp.iso(mp.now() + mp.timedelta(hours=1))
+        assert client.post('/api/jobs', job_body(title='Due soon', deadline=soon), key=key).status == 201
+        assert client.post('/api/jobs', job_body(title='Due later'), key=key).status == 201
+        first = client.get('/api/jobs/feed')
+        assert b'Due soon' in first.body and client.get('/api/jobs/feed').body == first.body     # kept
+        generation = cached.service.db.value('SELECT n FROM generation')
+        mp.CLOCK.advance(hours=1)                       # the deadline: no write, the same generation
+        assert cached.service.db.value('SELECT n FROM generation') == generation
+        after = client.get('/api/jobs/feed', headers={'If-None-Match': header(first, 'ETag')})
+        assert after.status == 200 and b'Due soon' not in after.body and b'Due later' in after.body
+        assert after.body == truth.get('/api/jobs/feed').body and header(after, 'ETag') != header(first, 'ETag')
+        again = client.get('/api/jobs/feed', headers={'If-None-Match': header(after, 'ETag')})
+        assert (again.status, again.body) == (304, b'')
+    finally:
+        mp.CLOCK.set(None)
 
 
 @pytest.mark.parametrize('path', ['/api/jobs', '/api/agents'])
