@@ -1160,6 +1160,24 @@ def record_payment(db, job, kind, amount, *, debit, credit, recipient, claim_id=
     return payment
 
 
+def reverse_entries(db, payment_id):
+    """Two more ledger entries that undo a payment's two: it counts for nothing (cancelled, or its call reverted)."""
+    db.execute('''INSERT INTO ledger_entries (payment_id, job_id, account, amount, currency, created_at)
+                  SELECT payment_id, job_id, account, -amount, currency, :now FROM ledger_entries
+                  WHERE payment_id = :id ORDER BY id''', {'id': payment_id, 'now': now_iso()})
+
+
+def fail_payments(db, job_id, payment_ids, why):
+    """Payments whose chain call reverted (CONTRACT 25): `failed` with the reason, their entries reversed (the
+    money did not move), and the job needing an admin."""
+    for payment_id in payment_ids:
+        if db.execute("""UPDATE payments SET status = 'failed', failure = :why WHERE id = :id
+                         AND status NOT IN ('failed', 'cancelled')""", {'id': payment_id, 'why': why}):
+            reverse_entries(db, payment_id)
+    db.execute('UPDATE jobs SET needs_admin = :why, updated_at = :now WHERE id = :id',
+               {'why': why, 'now': now_iso(), 'id': job_id})
+
+
 def escrow_balance(db, job_id):
     """What the job's escrow still holds, in base units."""
     return db.value('SELECT coalesce(sum(amount), 0) FROM ledger_entries WHERE account = :account',
@@ -1259,7 +1277,7 @@ def release_fee(db, settings, job, amount):
     before = db.row('''SELECT coalesce(sum(amount), 0) AS released,
                              coalesce(sum(CASE type WHEN 'fee' THEN amount END), 0) AS fees
                       FROM payments WHERE job_id = :id AND type IN ('release', 'fee')
-                      AND status != 'cancelled' ''', {'id': job['id']})
+                      AND status NOT IN ('cancelled', 'failed') ''', {'id': job['id']})
     fee = fee_of(before['released'] + amount, job['currency'], settings.fee_percent) - before['fees']
     return min(amount, max(0, fee))
 
@@ -1299,26 +1317,27 @@ def ledger_problems(db):
 
     For each job: locked = released + fee + refunded + still locked, the escrow never below zero,
     nothing left in escrow once the job is final, and escrowStatus agreeing with the balance (a held escrow may
-    hold anything: its pending payments wait). Every payment is exactly one debit and one matching credit (a
-    cancelled one, never sent, also their reversal: it counts for nothing); no worker or fee account is negative.
+    hold anything: its pending payments wait; a job needing an admin may hold what a reverted call did not move).
+    Every payment is exactly one debit and one matching credit (a cancelled one, never sent, or a failed one, its
+    call reverted, also their reversal: it counts for nothing); no worker or fee account is negative.
     """
     problems = []
     for row in db.rows('''
         SELECT p.id, p.amount, count(e.id) AS entries, coalesce(sum(e.amount), 0) AS net,
-               coalesce(max(e.amount), 0) AS credit, p.status = 'cancelled' AS cancelled
+               coalesce(max(e.amount), 0) AS credit, p.status IN ('cancelled', 'failed') AS cancelled
         FROM payments p LEFT JOIN ledger_entries e ON e.payment_id = p.id
         GROUP BY p.id
         HAVING entries != CASE WHEN cancelled THEN 4 ELSE 2 END OR net != 0 OR credit != p.amount'''):
         problems.append(f'payment {row["id"]}: {row["entries"]} entries, net {row["net"]}')
     for job in db.rows('''
-        SELECT j.id, j.status, j.escrow_status,
+        SELECT j.id, j.status, j.escrow_status, j.needs_admin,
             coalesce(sum(CASE p.type WHEN 'escrow' THEN p.amount END), 0) AS locked,
             coalesce(sum(CASE p.type WHEN 'release' THEN p.amount END), 0) AS released,
             coalesce(sum(CASE p.type WHEN 'fee' THEN p.amount END), 0) AS fee,
             coalesce(sum(CASE WHEN p.type IN ('refund', 'reclaim') THEN p.amount END), 0) AS refunded,
             (SELECT coalesce(sum(e.amount), 0) FROM ledger_entries e
              WHERE e.account = 'escrow:' || j.id) AS held
-        FROM jobs j LEFT JOIN payments p ON p.job_id = j.id AND p.status != 'cancelled'
+        FROM jobs j LEFT JOIN payments p ON p.job_id = j.id AND p.status NOT IN ('cancelled', 'failed')
         GROUP BY j.id'''):
         name = f'job {job["id"]} ({job["status"]}, escrow {job["escrow_status"]})'
         if job['locked'] != job['released'] + job['fee'] + job['refunded'] + job['held']:
@@ -1326,9 +1345,10 @@ def ledger_problems(db):
                             f'{job["fee"]} + refunded {job["refunded"]} + held {job["held"]}')
         if job['held'] < 0:
             problems.append(f'{name}: escrow holds {job["held"]}')
-        if job['status'] in FINAL_JOB_STATUSES and job['held'] != 0:
+        if job['status'] in FINAL_JOB_STATUSES and job['held'] != 0 and job['needs_admin'] is None:
             problems.append(f'{name}: final but escrow still holds {job["held"]}')
-        if job['escrow_status'] != 'held' and (job['escrow_status'] == 'locked') != (job['held'] > 0):
+        if job['escrow_status'] != 'held' and job['needs_admin'] is None and \
+                (job['escrow_status'] == 'locked') != (job['held'] > 0):
             problems.append(f'{name}: escrowStatus does not match a balance of {job["held"]}')
     for row in db.rows('''
         SELECT account, currency, sum(amount) AS balance FROM ledger_entries
@@ -1375,6 +1395,7 @@ class OnChain:
         self.quick = Chain(settings.rpc_url, timeout=2)      # for /api/health
         self.latest = None      # (when asked, the latest block number or None): health's view of the node
         self.fees = None
+        self.sending = threading.RLock()     # one send at a time: each reads the key's nonce from the chain first
         self.contract = settings.escrow_contract or None    # contract mode: the JobEscrow (CONTRACT 21)
         self.terms = None       # contract mode: its immutables, read at start (or when first needed)
         if self.contract and address_problem(self.contract):
@@ -1394,9 +1415,13 @@ class OnChain:
         if self.contract:
             try:
                 self.contract_terms()
+                latest = self.chain.block_number()
             except VerificationError:
                 log.warning('the node at --rpc-url does not answer for --escrow-contract; payments wait for it')
                 return False
+            with db.transaction():      # the contract's events are read from here on (reconcile_escrow)
+                db.execute('''INSERT INTO chain_state (name, value) VALUES ('escrow_events_from', :block)
+                              ON CONFLICT (name) DO NOTHING''', {'block': latest})
         self.sync(db)
         return True
 
@@ -1412,8 +1437,12 @@ class OnChain:
                 raise
             except Exception as exc:       # no code there, or another ABI: not a JobEscrow
                 raise ValueError(f'--escrow-contract {self.contract} does not answer as a JobEscrow: {exc}') from None
+            from verifier.escrow import domain_separator
             problems = [f'its {name} is {terms[name]}, not {want}' for name, want in (
                 ('arbiter', self.escrow_address), ('token', self.usdc)) if terms[name].lower() != want.lower()]
+            if terms['domainSeparator'] != domain_separator(self.contract, self.settings.chain_id):
+                problems.append('it is an older JobEscrow, whose Release the payer alone signs (deploy the new one '
+                                'with `marketplace.py escrow deploy`)')
             if self.settings.fee_percent * 100 > terms['maxFeeBps']:
                 problems.append(f'its fee cap is {terms["maxFeeBps"]} basis points, below --fee-percent '
                                 f'{self.settings.fee_percent}')
@@ -1528,29 +1557,47 @@ class OnChain:
 
     def send(self, db, payment):
         """Broadcast a payment's stored transaction and note when the node first took it. Refused for its fee, it
-        is re-priced (same nonce) and the replacement sent. VerificationError when the node did not take it."""
-        try:
-            self.chain.send_raw(payment['raw_tx'])
-        except FeeTooLow:
-            self.fees = self.chain.fee_caps()       # what made it too low: the fees the node asks now
-            payment = self.reprice(db, payment)
-            if payment is None:
-                raise
-            self.chain.send_raw(payment['raw_tx'])
-        with db.transaction():
-            db.execute(f"""UPDATE {payment['tbl']} SET broadcast_at = coalesce(broadcast_at, :now)
-                           WHERE id = :id AND tx_hash = :tx_hash""",
-                       {'now': now_iso(), 'id': payment['id'], 'tx_hash': payment['tx_hash']})
+        is re-priced (same nonce) and the replacement sent. The key's nonce is read from the chain first
+        (fill_gap). VerificationError when the node did not take it."""
+        with self.sending:
+            payment = self.fill_gap(db, payment)
+            try:
+                self.chain.send_raw(payment['raw_tx'])
+            except FeeTooLow:
+                self.fees = self.chain.fee_caps()       # what made it too low: the fees the node asks now
+                payment = self.reprice(db, payment)
+                if payment is None:
+                    raise
+                self.chain.send_raw(payment['raw_tx'])
+            with db.transaction():
+                db.execute(f"""UPDATE {payment['tbl']} SET broadcast_at = coalesce(broadcast_at, :now)
+                               WHERE id = :id AND tx_hash = :tx_hash""",
+                           {'now': now_iso(), 'id': payment['id'], 'tx_hash': payment['tx_hash']})
         return payment
 
-    def reprice(self, db, payment, taken=None):
+    def fill_gap(self, db, payment):
+        """Before a send, the key's next nonce as the node counts it (its pending transactions too): nonces others
+        used are never signed again here, and a payment whose nonce lies past it with none of ours waiting in
+        between (a transaction stored before it will never be sent: what it paid was paid by someone else,
+        CONTRACT 25) is signed again with that nonce, stored before it is sent. Network I/O."""
+        expected = self.chain.nonce(self.escrow_address)
+        with db.transaction():
+            db.execute("UPDATE chain_state SET value = max(value, :next) WHERE name = 'next_nonce'",
+                       {'next': expected})
+        if payment['nonce'] <= expected or self.signed_pending(
+                db, f"AND nonce >= {int(expected)} AND nonce < {int(payment['nonce'])}"):
+            return payment
+        return self.reprice(db, payment, at_nonce=expected) or payment
+
+    def reprice(self, db, payment, taken=None, at_nonce=None):
         """Sign a payment's transaction again with the same nonce and a higher fee (at least the node's fee caps
         and 12.5% over the last signature, at most --payout-max-fee-gwei), and store it, the new raw transaction
         and hash with broadcast_at cleared, in one transaction before anything is sent: after a crash the sweep
         sends it. Every hash signed stays in signed_transactions. With `taken` (how many nonces of the key are used
         on chain, --confirmations deep, one of them this payment's by another transaction), signed instead with a
-        new nonce past them at the node's fees. The payment as re-signed, or None when the fee would pass the
-        ceiling or the payment changed meanwhile (mined, or re-signed by another greenlet)."""
+        new nonce past them at the node's fees; with `at_nonce`, with that nonce at the node's fees (fill_gap).
+        The payment as re-signed, or None when the fee would pass the ceiling or the payment changed meanwhile
+        (mined, or re-signed by another greenlet)."""
         from verifier.payouts import replacement_fees, resign_with_fees, signed_fees
         table = payment['tbl']
         ceiling = int(Decimal(str(self.settings.payout_max_fee_gwei)) * 10 ** 9)
@@ -1561,7 +1608,9 @@ class OnChain:
             if current is None:
                 return None
             previous, nonce = signed_fees(current['raw_tx']), current['nonce']
-            if taken is None:
+            if at_nonce is not None:    # a nonce no transaction of the key has: the node's fees
+                fees, nonce = tuple(min(fee, ceiling) for fee in self.fees or DEFAULT_FEE_CAPS), at_nonce
+            elif taken is None:
                 fees = replacement_fees(previous, self.fees or DEFAULT_FEE_CAPS, ceiling)
             else:           # not a replacement: the node's fees, and the next nonce the chain has not used
                 fees = tuple(min(fee, ceiling) for fee in self.fees or DEFAULT_FEE_CAPS)
@@ -1580,7 +1629,10 @@ class OnChain:
                 db.execute('''INSERT INTO used_payments (chain_id, tx_hash, purpose, created_at)
                               VALUES (:chain, :tx_hash, 'x402', :now) ON CONFLICT DO NOTHING''',
                            {'chain': self.settings.chain_id, 'tx_hash': tx_hash, 'now': now_iso()})
-        if taken is None:
+        if at_nonce is not None:
+            log.warning('%s %s: no transaction of the escrow key will use the nonces before its own; signed again '
+                        'with nonce %s: %s', table, current['id'], nonce, tx_hash)
+        elif taken is None:
             log.info('%s %s re-priced with its nonce %s: max fee %s -> %s wei/gas, tip %s -> %s; %s replaces %s',
                      table, current['id'], nonce, previous[0], fees[0], previous[1], fees[1], tx_hash,
                      current['tx_hash'])
@@ -1656,6 +1708,9 @@ class OnChain:
                 return result
             mined = receipt['transactionHash'].lower()
             if receipt['status'] != 1:
+                if self.contract and payment['tbl'] != 'x402_payments' and receipt['blockNumber'] >= (db.value(
+                        "SELECT value FROM chain_state WHERE name = 'escrow_events_from'") or 0):
+                    continue    # once the sweep has read its block's events: someone else may have paid it
                 status = 'failed'
                 if payment['tbl'] != 'x402_payments':
                     log.error('%s %s reverted on chain (%s): the escrow needs attention',
@@ -1669,15 +1724,44 @@ class OnChain:
             else:
                 continue
             with db.transaction():
+                if status == 'failed' and payment['tbl'] != 'x402_payments':
+                    self.call_reverted(db, payment, mined)
                 db.execute(f"""UPDATE {payment['tbl']} SET status = :status, tx_hash = :mined
                                WHERE id = :id AND status = 'pending'""",
                            {'status': status, 'mined': mined, 'id': payment['id']})
+                if payment['tbl'] == 'payments' and status == 'confirmed':      # a co-signed release pays its fee
+                    db.execute('''UPDATE payments SET status = 'confirmed', tx_hash = :mined WHERE type = 'fee'
+                                  AND status = 'pending' AND raw_tx IS NULL AND (job_id, claim_id) =
+                                  (SELECT job_id, claim_id FROM payments WHERE id = :id AND type = 'release')''',
+                               {'mined': mined, 'id': payment['id']})
                 if payment['tbl'] == 'escrow_calls' and status == 'confirmed':   # an execution pays its proposal
                     db.execute('''UPDATE payments SET status = 'confirmed', tx_hash = :mined WHERE status = 'scheduled'
                                   AND call_id = (SELECT proposal_id FROM escrow_calls WHERE id = :id
                                                  AND function = 'execute')''', {'mined': mined, 'id': payment['id']})
             result[status] += 1
         return result
+
+    @staticmethod
+    def call_reverted(db, payment, mined):
+        """A payout, refund or proposal whose transaction reverted, inside the caller's transaction: what it would
+        have paid `failed` (a release's fee with it), and the job needing an admin (CONTRACT 25). An execution or a
+        relayed deposit pays nothing by itself: the escrow sweep looks at the proposal again."""
+        if payment['tbl'] == 'payments':
+            paid = db.row('SELECT id, job_id, claim_id, type FROM payments WHERE id = :id', {'id': payment['id']})
+            ids = [paid['id']] + [row['id'] for row in db.rows(
+                """SELECT id FROM payments WHERE job_id = :job AND claim_id = :claim AND type = 'fee' AND :type = 'release'
+                   AND status IN ('pending', 'confirmed') AND raw_tx IS NULL AND origin IS NULL""",
+                {'job': paid['job_id'], 'claim': paid['claim_id'], 'type': paid['type']})]
+            job_id, what = paid['job_id'], f'its {paid["type"]}'
+            db.execute('UPDATE payments SET tx_hash = :mined WHERE id = :id', {'mined': mined, 'id': paid['id']})
+        else:
+            call = db.row('SELECT job_id, function FROM escrow_calls WHERE id = :id', {'id': payment['id']})
+            if call['function'] != 'propose':
+                return
+            ids = [row['id'] for row in db.rows("SELECT id FROM payments WHERE call_id = :id AND status = 'scheduled'",
+                                                {'id': payment['id']})]
+            job_id, what = call['job_id'], 'its proposal'
+        fail_payments(db, job_id, ids, f'{what} transaction {mined} reverted on chain')
 
     def health(self):
         """What /api/health shows of the chain. The node is asked at most once per block time (2 s), so
@@ -1708,7 +1792,8 @@ class OnChain:
 _BYTES32 = re.compile(r'0x[0-9a-fA-F]{64}')
 _SIGNATURE = re.compile(r'0x[0-9a-fA-F]{130}')
 RELAY_WAIT_SECONDS = 10     # how long POST /api/jobs waits for a relayed deposit to be mined before a 402 pending
-RECLAIM_BLOCKS = 5_000      # blocks of Reclaimed events read per sweep (nodes cap eth_getLogs ranges)
+EVENT_BLOCKS = 5_000        # blocks of the contract's events read per sweep (nodes cap eth_getLogs ranges)
+HALF_CURVE_ORDER = 0x7fffffffffffffffffffffffffffffff5d576e7357a4501ddfe92f46681b20a0   # the contract's low-s rule
 
 
 def read_bytes32(value):
@@ -1786,6 +1871,7 @@ def relay_deposit(svc, deposit, auth, requirements, account):
               "AND status != 'failed'"
     call = db.row(relayed, {'id': deposit})
     if call is None:
+        relay_in_flight(db, auth['payer'])
         reason = onchain.chain.revert_reason(onchain.escrow_address, onchain.contract,
                                              call_data('depositWithAuthorization', *args))     # network
         if reason is not None:
@@ -1795,15 +1881,29 @@ def relay_deposit(svc, deposit, auth, requirements, account):
         try:
             with db.transaction():
                 call = onchain.store_call(db, 'depositWithAuthorization', args, deposit=deposit,
-                                          account_id=account['id'])
-        except apsw.ConstraintError:       # relayed by a request at the same time
+                                          account_id=account['id'], payer=auth['payer'].lower())
+        except apsw.ConstraintError:       # relayed by a request at the same time: this deposit, or this payer's
             call = db.row(relayed, {'id': deposit})
+            if call is None:
+                relay_in_flight(db, auth['payer'])
+                raise
         onchain.broadcast(db)
     try:
         onchain.wait_for_receipt(db, 'escrow_calls', dict(call, tbl='escrow_calls'), RELAY_WAIT_SECONDS)
     except ChainUnavailable:
         return None
     return onchain.confirmed_deposit(deposit)
+
+
+def relay_in_flight(db, payer):
+    """409 payment_pending while another relayed deposit of this payer is in flight (CONTRACT 25): one balance
+    backing many authorizations posted at once would make all but one revert, on the service's gas."""
+    waiting = db.row("""SELECT deposit_id, tx_hash FROM escrow_calls WHERE function = 'depositWithAuthorization'
+                        AND status = 'pending' AND payer = :payer""", {'payer': payer.lower()})
+    if waiting is not None:
+        raise Conflict(f'Another deposit of the payer {payer} is being relayed ({waiting["tx_hash"]}): post again once '
+                       'it is mined (one relayed deposit a payer at a time).', code='payment_pending',
+                       headers={'Retry-After': '10'}, extra={'depositId': waiting['deposit_id']})
 
 
 def fund_from_deposit(svc, fields, body, account):
@@ -1879,10 +1979,12 @@ def deposit_job(svc, fields, body, requirements, account):
         raise
 
 
-def release_typed_data(settings, job, payee, amount, fee):
-    """The Release of a contract job's deposit its payer signs to pay `payee` at once (EIP-712 JSON)."""
-    from verifier.escrow import release_typed_data as typed_data
-    return typed_data(settings.onchain.contract, settings.chain_id, job['escrow_deposit_id'], payee, amount, fee)
+def release_typed_data(settings, job, claim_id, payee, amount, fee):
+    """The Release of a contract job's deposit that its payer and the arbiter both sign to pay `payee` for a claim
+    at once (EIP-712 JSON, version 2: it names the claim, CONTRACT 25)."""
+    from verifier.escrow import claim_hash, release_typed_data as typed_data
+    return typed_data(settings.onchain.contract, settings.chain_id, job['escrow_deposit_id'], claim_hash(claim_id),
+                      payee, amount, fee)
 
 
 def claim_release(db, settings, job, claim):
@@ -1890,40 +1992,59 @@ def claim_release(db, settings, job, claim):
     agent = get_agent(db, claim['agent_id'])
     amount = cents_to_units(claim_share(job), job['currency'])
     fee = release_fee(db, settings, job, amount)
-    return release_typed_data(settings, job, agent['wallet_address'], amount - fee, fee)
+    return release_typed_data(settings, job, claim['id'], agent['wallet_address'], amount - fee, fee)
+
+
+def low_s(signature):
+    """Does a 65-byte signature have the form the contract takes (low s, v 27 or 28, or 0 or 1)?"""
+    raw = bytes.fromhex(signature[2:])
+    return int.from_bytes(raw[32:64], 'big') <= HALF_CURVE_ORDER and raw[64] in (0, 1, 27, 28)
 
 
 def contract_release(db, settings, job, claim, agent, amount, fee, signature):
-    """Pay a contract job's worker `amount` (and `fee` to the fee recipient, by the same call): with the payer's
-    Release `signature` at once (release, signed and stored here, sent after the commit); without one, scheduled:
-    the sweep proposes it, and executes it after the contract's delay unless the guardian cancels it."""
+    """Pay a contract job's worker `amount` (and `fee` to the fee recipient, by the same call). With the payer's
+    Release `signature` the server's key co-signs that Release (only ever this claim's share to its worker's
+    wallet) and sends it after the commit; the claim keeps both signatures as releaseAuthorization, so the worker
+    can send it itself (CONTRACT 25). The fee is pending until the release is mined. Without a signature,
+    scheduled: the sweep proposes it, and executes it after the contract's delay unless the guardian cancels it."""
     payee, signed = agent['wallet_address'], {'status': 'scheduled'}
     if signature is not None:
-        from verifier.escrow import typed_data_signer
-        typed = release_typed_data(settings, job, payee, amount, fee)
-        if (typed_data_signer(typed, signature) or '').lower() != (job['refund_address'] or '-').lower():
+        from verifier.escrow import sign_typed_data, typed_data_signer
+        typed = release_typed_data(settings, job, claim['id'], payee, amount, fee)
+        if (typed_data_signer(typed, signature) or '').lower() != (job['refund_address'] or '-').lower() or \
+                not low_s(signature):
             raise APIError("releaseSignature is not the payer's signature of this Release: sign releaseTypedData with "
-                           "the wallet that made the deposit, or approve without it (paid after the contract's "
-                           'delay).', code='payment_signature_invalid', status=402, extra={'releaseTypedData': typed})
-        raw, tx_hash, nonce = settings.onchain.sign_call(db, 'release', job['escrow_deposit_id'], payee, amount, fee,
-                                                         signature)
+                           "the wallet that made the deposit (a low-s signature, as wallets make), or approve without "
+                           "it (paid after the contract's delay).", code='payment_signature_invalid', status=402,
+                           extra={'releaseTypedData': typed})
+        arbiter = sign_typed_data(settings.escrow_key, typed)
+        deposit, claim_id = job['escrow_deposit_id'], typed['message']['claim']
+        raw, tx_hash, nonce = settings.onchain.sign_call(db, 'release', deposit, claim_id, payee, amount, fee,
+                                                         signature, arbiter)
         signed = {'status': 'pending', 'tx_hash': tx_hash, 'raw_tx': raw, 'nonce': nonce}
+        authorization = {'contract': settings.onchain.contract, 'chainId': settings.chain_id, 'id': deposit,
+                         'claim': claim_id, 'payee': typed['message']['payee'], 'amount': str(amount),
+                         'fee': str(fee), 'payerSignature': signature, 'arbiterSignature': arbiter}
+        db.execute('UPDATE claims SET release_authorization = :authorization WHERE id = :id',
+                   {'authorization': orjson.dumps(authorization).decode(), 'id': claim['id']})
     records = [record_payment(db, job, 'release', amount, debit=escrow_account(job['id']),
                               credit=f'worker:{agent["id"]}', recipient=payee, claim_id=claim['id'], **signed)]
     if fee:
         records.append(record_payment(db, job, 'fee', fee, debit=escrow_account(job['id']), credit='fees',
                                       recipient=(settings.onchain.terms or {}).get('feeRecipient', 'operator'),
-                                      claim_id=claim['id'], status='scheduled' if signature is None else 'confirmed'))
+                                      claim_id=claim['id'], status=signed['status'], tx_hash=signed.get('tx_hash')))
     return records
 
 
 def escrow_sweep(db, settings):
     """Contract mode, each sweep: propose each deposit's scheduled payments (one proposal pending per deposit),
     execute those whose delay has passed on chain, refund the payer what a cancelled proposal would have paid,
-    and end the jobs whose deposits were reclaimed. {proposed, executed, cancelled, reclaimed}. Network I/O."""
+    after reconciling the ledger with the contract's events (reconcile_escrow). {proposed, executed, cancelled,
+    reclaimed, reconciled, needingAdmin}. Network I/O."""
     from verifier.escrow import payees_gas
     onchain, result = settings.onchain, dict.fromkeys(('proposed', 'executed', 'cancelled', 'reclaimed'), 0)
     delay = onchain.contract_terms()['arbiterDelay']
+    result.update(reconcile_escrow(db, settings))
     for row in db.rows('''SELECT DISTINCT job_id FROM payments p WHERE status = 'scheduled' AND call_id IS NULL
                           AND NOT EXISTS (SELECT 1 FROM payments o WHERE o.job_id = p.job_id
                                           AND o.status = 'scheduled' AND o.call_id IS NOT NULL)'''):
@@ -1944,7 +2065,8 @@ def escrow_sweep(db, settings):
         result['proposed'] += 1
     proposals = db.rows('''SELECT * FROM escrow_calls c WHERE function = 'propose' AND status = 'confirmed'
                            AND EXISTS (SELECT 1 FROM payments p WHERE p.call_id = c.id AND p.status = 'scheduled')
-                           AND NOT EXISTS (SELECT 1 FROM escrow_calls e WHERE e.proposal_id = c.id)''')
+                           AND NOT EXISTS (SELECT 1 FROM escrow_calls e WHERE e.proposal_id = c.id
+                                           AND e.status != 'failed')''')
     chain_time = onchain.chain.block('latest')['timestamp'] if proposals else None
     for call in proposals:
         proposal = onchain.reader.proposal(call['deposit_id'])
@@ -1967,7 +2089,6 @@ def escrow_sweep(db, settings):
                                    gas=payees_gas(len(proposal['payees'])), job_id=call['job_id'],
                                    proposal_id=call['id'])
             result['executed'] += 1
-    result['reclaimed'] = record_reclaims(db, settings)
     return result
 
 
@@ -1985,25 +2106,148 @@ def proposal_cancelled(db, settings, call):
     log.error('escrow: the proposal %s of job %s was cancelled on chain; its payer is refunded', call['id'], job['id'])
 
 
-def record_reclaims(db, settings):
-    """End the jobs whose deposits were reclaimed on chain (Reclaimed events --confirmations deep, read in
-    RECLAIM_BLOCKS steps from where the last sweep stopped): how many."""
-    onchain, ended = settings.onchain, 0
+def reconcile_escrow(db, settings):
+    """The chain is the truth (CONTRACT 25): every event of the contract about a deposit this database knows, read
+    --confirmations deep in EVENT_BLOCKS steps from where the last sweep stopped, the ones other people sent
+    included, is stored once (escrow_events) and reconciled in a transaction of its own: a reclaim ends its job, a
+    payment someone else made is recorded as what it was (record_foreign_payment); then every deposit touched so,
+    or whose job needs an admin, is read back (check_deposit). {reclaimed, reconciled, needingAdmin}. Network I/O."""
+    onchain, counts = settings.onchain, {'reclaimed': 0, 'reconciled': 0, 'needingAdmin': 0}
     confirmed = onchain.chain.block_number() - settings.confirmations + 1
-    start = db.value("SELECT value FROM chain_state WHERE name = 'reclaims_from'")
+    start = db.value("SELECT value FROM chain_state WHERE name = 'escrow_events_from'")
     start = confirmed if start is None else start
-    end = min(confirmed, start + RECLAIM_BLOCKS - 1)
-    for reclaim in onchain.reader.reclaims(start, end) if end >= start else ():
+    end = min(confirmed, start + EVENT_BLOCKS - 1)
+    events = onchain.reader.events(start, end) if end >= start else []
+    jobs = {row['escrow_deposit_id']: row['id'] for row in db.rows(
+        'SELECT id, escrow_deposit_id FROM jobs WHERE escrow_deposit_id IN (SELECT value FROM json_each(:ids))',
+        {'ids': json.dumps(sorted({event['id'].lower() for event in events}))})}
+    touched = set()
+    for event in events:
+        job_id = jobs.get(event['id'].lower())
+        if job_id is None or event['name'] == 'Deposited':
+            continue
         with db.transaction():
-            job = db.row("SELECT * FROM jobs WHERE escrow_deposit_id = :id AND NOT EXISTS (SELECT 1 FROM payments p "
-                         "WHERE p.job_id = jobs.id AND p.type = 'reclaim')", {'id': reclaim['id'].lower()})
-            if job is not None:
-                deposit_reclaimed(db, job, reclaim)
-                ended += 1
+            ours = db.value('SELECT 1 FROM signed_transactions WHERE tx_hash = :tx', {'tx': event['txHash']}) is not None
+            if not db.execute('''INSERT OR IGNORE INTO escrow_events (tx_hash, log_index, block_number, deposit_id,
+                                 name, payee, amount, fee, by_signature, ours) VALUES (:txHash, :logIndex, :blockNumber,
+                                 :id, :name, :payee, :amount, :fee, :bySignature, :ours)''',
+                              dict(event, id=event['id'].lower(), ours=int(ours))):
+                continue        # read before
+            job = get_job(db, job_id)
+            if event['name'] == 'Reclaimed':
+                if db.value("SELECT 1 FROM payments WHERE job_id = :id AND type = 'reclaim'", {'id': job_id}) is None:
+                    deposit_reclaimed(db, job, event)
+                    counts['reclaimed'] += 1
+            elif not ours and event['name'] in ('Released', 'Refunded'):
+                record_foreign_payment(db, job, event)
+                counts['reconciled'] += 1
+            elif not ours and event['name'] == 'Proposed':
+                fail_payments(db, job_id, [], f'a proposal this service did not make ({event["txHash"]}): the arbiter '
+                              'key was used elsewhere; the guardian can cancel it')
+            else:
+                continue
+        touched.add(job_id)
     with db.transaction():
-        db.execute('''INSERT INTO chain_state (name, value) VALUES ('reclaims_from', :next)
+        db.execute('''INSERT INTO chain_state (name, value) VALUES ('escrow_events_from', :next)
                       ON CONFLICT (name) DO UPDATE SET value = :next''', {'next': max(start, end + 1)})
-    return ended
+    flagged = {row['id'] for row in db.rows('SELECT id FROM jobs INDEXED BY jobs_needs_admin '
+                                            'WHERE needs_admin IS NOT NULL AND escrow_deposit_id IS NOT NULL')}
+    for job_id in sorted(touched | flagged):
+        counts['needingAdmin'] += check_deposit(db, settings, job_id, confirmed)
+    return counts
+
+
+def record_foreign_payment(db, job, event):
+    """A Released or Refunded that this service did not send, inside the caller's transaction. Our own record of the
+    same payment (a worker sending its releaseAuthorization itself, a stranger executing our proposal first, a
+    call that reverted and was then made by someone else) becomes `confirmed` with that transaction; anything else
+    is recorded as what it was (origin `chain`): a release to its payee (its fee beside it), or a refund."""
+    if db.value('SELECT 1 FROM payments WHERE job_id = :id AND tx_hash = :tx AND status = :confirmed',
+                {'id': job['id'], 'tx': event['txHash'], 'confirmed': 'confirmed'}):
+        return      # an execution's later payees: its first event reconciled them all
+    params = {'job': job['id'], 'payee': event['payee'], 'amount': event['amount'], 'fee': event['fee'] or 0,
+              'deposit': job['escrow_deposit_id']}
+    if event['name'] == 'Refunded':
+        ours = db.rows("""SELECT id FROM payments WHERE job_id = :job AND type = 'refund' AND origin IS NULL
+                          AND status IN ('pending', 'failed') AND amount = :amount ORDER BY status = 'failed', seq
+                          LIMIT 1""", params)
+    elif event['bySignature']:
+        ours = db.rows("""SELECT r.id FROM payments r WHERE r.job_id = :job AND r.type = 'release' AND r.origin IS NULL
+                          AND r.status IN ('pending', 'failed') AND lower(r.recipient) = lower(:payee)
+                          AND r.amount = :amount AND :fee = coalesce((SELECT f.amount FROM payments f WHERE
+                              f.job_id = r.job_id AND f.claim_id = r.claim_id AND f.type = 'fee'
+                              AND f.status = r.status), 0)
+                          ORDER BY r.status = 'failed', r.seq LIMIT 1""", params)
+        ours += db.rows("""SELECT f.id FROM payments f JOIN payments r ON r.job_id = f.job_id AND r.claim_id = f.claim_id
+                           WHERE r.id = :id AND f.type = 'fee' AND f.status = r.status""",
+                        {'id': ours[0]['id']}) if ours else []
+    else:       # an execution of a proposal of ours that someone else sent first
+        ours = db.rows("""SELECT p.id FROM payments p JOIN escrow_calls c ON c.id = p.call_id
+                          WHERE p.job_id = :job AND p.status IN ('scheduled', 'failed') AND c.function = 'propose'
+                          AND c.status = 'confirmed' AND c.deposit_id = :deposit""", params)
+    if ours:
+        for payment in ours:
+            if db.value("SELECT status = 'failed' FROM payments WHERE id = :id", {'id': payment['id']}):
+                restore_entries(db, payment['id'])
+            db.execute("""UPDATE payments SET status = 'confirmed', tx_hash = :tx, failure = NULL WHERE id = :id""",
+                       {'tx': event['txHash'], 'id': payment['id']})
+        log.warning('escrow: job %s: %s by someone else (%s): our record of it is confirmed by that transaction',
+                    job['id'], event['name'], event['txHash'])
+        return
+    recorded = functools.partial(record_payment, db, job, status='confirmed', tx_hash=event['txHash'])
+    if event['name'] == 'Refunded':
+        payments = [recorded('refund', event['amount'], debit=escrow_account(job['id']),
+                             credit=f'funding:{job["requester_id"]}', recipient=event['payee'])]
+    else:
+        agent = db.row("""SELECT a.id FROM claims c JOIN agents a ON a.id = c.agent_id WHERE c.job_id = :job
+                          AND lower(a.wallet_address) = lower(:payee) LIMIT 1""", params)
+        payments = [recorded('release', event['amount'], debit=escrow_account(job['id']), recipient=event['payee'],
+                             credit=f'worker:{agent["id"]}' if agent else f'wallet:{event["payee"].lower()}')]
+        if event['fee']:
+            payments.append(recorded('fee', event['fee'], debit=escrow_account(job['id']), credit='fees',
+                                     recipient='operator'))
+    for payment in payments:
+        db.execute("UPDATE payments SET origin = 'chain' WHERE id = :id", {'id': payment['id']})
+    log.error('escrow: job %s: %s %s by a transaction this service did not send (%s): recorded as it was',
+              job['id'], event['name'], event['amount'], event['txHash'])
+
+
+def check_deposit(db, settings, job_id, block):
+    """Read a contract job's deposit at `block` and compare it with what the job still owes from it (its price less
+    what this service itself paid out, refunded or will: every record of ours not failed or cancelled). Less on
+    chain: the job needs an admin (the log says why). A job needing an admin is settled again once the deposit
+    holds what it owes with no failed payment left, or once nothing remains on either side. 1 when it needs an
+    admin after, else 0. Network I/O, then one transaction."""
+    job = get_job(db, job_id)
+    held = settings.onchain.reader.deposit(job['escrow_deposit_id'], max(block, 0))
+    holds = held['remaining'] if held else 0
+    owed = db.value("""SELECT coalesce(sum(CASE type WHEN 'escrow' THEN amount ELSE -amount END), 0) FROM payments
+                       WHERE job_id = :id AND origin IS NULL AND status NOT IN ('failed', 'cancelled')""", {'id': job_id})
+    failed = db.value("SELECT count(*) FROM payments WHERE job_id = :id AND status = 'failed'", {'id': job_id})
+    with db.transaction():
+        if holds < owed:
+            why = (f'the deposit holds {holds} base units on chain; the job still owes {owed} from it: money left it '
+                   'by a call this service did not make')
+            if job['needs_admin'] != why:
+                log.error('escrow: job %s needs an admin: %s', job_id, why)
+            db.execute('UPDATE jobs SET needs_admin = :why, updated_at = :now WHERE id = :id',
+                       {'why': why, 'now': now_iso(), 'id': job_id})
+            return 1
+        settled = holds == 0 and escrow_balance(db, job_id) == 0
+        agrees = not failed and not (job['needs_admin'] or '').startswith('a proposal')
+        if job['needs_admin'] is not None and (settled or agrees):
+            db.execute('UPDATE jobs SET needs_admin = NULL, updated_at = :now WHERE id = :id',
+                       {'now': now_iso(), 'id': job_id})
+            log.warning('escrow: job %s no longer needs an admin: the chain and the ledger agree', job_id)
+            return 0
+    return int(job['needs_admin'] is not None)
+
+
+def restore_entries(db, payment_id):
+    """A failed payment made after all: its two ledger entries again (the reversal undone)."""
+    db.execute('''INSERT INTO ledger_entries (payment_id, job_id, account, amount, currency, created_at)
+                  SELECT payment_id, job_id, account, amount, currency, :now FROM ledger_entries
+                  WHERE payment_id = :id ORDER BY id LIMIT 2''', {'id': payment_id, 'now': now_iso()})
 
 
 def deposit_reclaimed(db, job, reclaim):
@@ -2012,7 +2256,7 @@ def deposit_reclaimed(db, job, reclaim):
     job still running ends `expired` (escrow `refunded`), its claims and disputes closed."""
     cancel_payments(db, db.rows("SELECT id FROM payments WHERE job_id = :id AND status = 'scheduled'",
                                 {'id': job['id']}))
-    record_payment(db, job, 'reclaim', escrow_balance(db, job['id']), debit=escrow_account(job['id']),
+    record_payment(db, job, 'reclaim', max(0, escrow_balance(db, job['id'])), debit=escrow_account(job['id']),
                    credit=f'funding:{job["requester_id"]}', recipient=job['refund_address'], status='confirmed',
                    tx_hash=reclaim['txHash'])
     status = 'expired' if job['status'] not in FINAL_JOB_STATUSES else job['status']
@@ -3543,8 +3787,8 @@ JOB_FIELDS = (
     ('escrowStatus', 'j.escrow_status', lambda job, base: job['escrow_status']),
     ('escrowTxHash', 'j.escrow_tx_hash', lambda job, base: job['escrow_tx_hash']),
     ('escrowDepositId', 'j.escrow_deposit_id', lambda job, base: job['escrow_deposit_id']),
-    ('needsAdmin', "json(CASE WHEN j.escrow_status = 'held' THEN 'true' ELSE 'false' END)",
-     lambda job, base: job['escrow_status'] == 'held'),
+    ('needsAdmin', "json(CASE WHEN j.escrow_status = 'held' OR j.needs_admin IS NOT NULL THEN 'true' ELSE 'false' END)",
+     lambda job, base: job['escrow_status'] == 'held' or job['needs_admin'] is not None),
     ('claimCount', 'j.claim_count', lambda job, base: job['claim_count']),
     ('createdAt', 'j.created_at', lambda job, base: job['created_at']),
     ('updatedAt', 'j.updated_at', lambda job, base: job['updated_at']),
@@ -3611,6 +3855,9 @@ CLAIM_FIELDS = (
     ('verificationReason', 'c.verification_reason', lambda claim, readable: claim['verification_reason']),
     ('autoApproved', "json(CASE WHEN c.auto_approved THEN 'true' ELSE 'false' END)",
      lambda claim, readable: bool(claim['auto_approved'])),
+    ('releaseAuthorization', f'CASE WHEN {DELIVERABLE_READERS_SQL} THEN json(c.release_authorization) END',
+     lambda claim, readable: orjson.loads(claim['release_authorization'])
+     if readable and claim.get('release_authorization') else None),
     ('createdAt', 'c.created_at', lambda claim, readable: claim['created_at']),
     ('updatedAt', 'c.updated_at', lambda claim, readable: claim['updated_at']),
 )
@@ -4318,9 +4565,7 @@ def cancel_payments(db, payments):
     """Payments that will never be made: status `cancelled`, their two ledger entries reversed by two more."""
     for payment in payments:
         db.execute("UPDATE payments SET status = 'cancelled' WHERE id = :id", {'id': payment['id']})
-        db.execute('''INSERT INTO ledger_entries (payment_id, job_id, account, amount, currency, created_at)
-                      SELECT payment_id, job_id, account, -amount, currency, :now FROM ledger_entries
-                      WHERE payment_id = :id ORDER BY id''', {'id': payment['id'], 'now': now_iso()})
+        reverse_entries(db, payment['id'])
 
 
 def end_claims_and_disputes(db, job, by, why):
@@ -5172,7 +5417,9 @@ def metrics_state(svc):
                          database_bytes=sum(sizes), replica_lag=replica_lag(db) if svc.replica else None,
                          replica_reopenings=svc.replica_reopenings if svc.replica else None,
                          escrow_proposals=escrow_proposals(db) if svc.settings.onchain and svc.settings.onchain.contract
-                         else None, read_cache=None if cache is None else (cache.hits, cache.misses, cache.size))
+                         else None, read_cache=None if cache is None else (cache.hits, cache.misses, cache.size),
+                         jobs_needing_admin=db.value('SELECT count(*) FROM jobs INDEXED BY jobs_needs_admin '
+                                                     'WHERE needs_admin IS NOT NULL'))
 
 
 def escrow_proposals(db):

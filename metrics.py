@@ -36,6 +36,7 @@ class State:
     replica_reopenings: int = None      # a read replica only: views reopened (lagged, caught up, failed)
     escrow_proposals: dict = None       # contract mode only: {'waiting': to propose, 'proposed': waiting to run}
     read_cache: tuple = None            # (hits, misses, bytes kept) of the read cache, when there is one
+    jobs_needing_admin: int = 0         # jobs whose needsAdmin the chain set (CONTRACT 25)
 
 
 class StateCollector:
@@ -89,6 +90,10 @@ class StateCollector:
             for state_name, count in sorted(state.escrow_proposals.items()):
                 proposals.add_metric([state_name], count)
             yield proposals
+        yield GaugeMetricFamily('marketplace_jobs_needing_admin',
+                                'Jobs whose money the chain and the ledger disagree on (a call that reverted, a '
+                                'deposit holding less than the job owes): needsAdmin, CONTRACT 25.',
+                                value=state.jobs_needing_admin)
         if state.read_cache is not None:
             hits, misses, kept = state.read_cache
             yield CounterMetricFamily('marketplace_read_cache_hits', 'Reads answered from the read cache.', value=hits)

@@ -94,9 +94,12 @@ CREATE TABLE IF NOT EXISTS jobs (
     stripe_charge             TEXT,                         -- stripe rail: its Charge (transfers' source_transaction)
     escrow_unheld             TEXT,                         -- stripe rail: while escrow is held (a chargeback, a refund
                                                             -- from outside), the status it takes when the hold lifts
-    escrow_deposit_id         TEXT                          -- contract mode: the JobEscrow deposit that funds it (one job)
+    escrow_deposit_id         TEXT,                         -- contract mode: the JobEscrow deposit that funds it (one job)
+    needs_admin               TEXT                          -- contract mode: why the chain and the ledger disagree (a
+                                                            -- call that reverted, a deposit holding less than owed)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_deposit ON jobs(escrow_deposit_id) WHERE escrow_deposit_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_needs_admin ON jobs(needs_admin) WHERE needs_admin IS NOT NULL;
 -- Lists filter by status and category and sort by seq (newest, oldest), pay or deadline: each index below
 -- serves one filter with its sorts in index order (an index ends in seq, the rowid), so a page of 50 stops
 -- after 50 entries instead of sorting every open job (make bench).
@@ -160,7 +163,9 @@ CREATE TABLE IF NOT EXISTS claims (
     verification_reason TEXT,                   -- the requester's reason, when given
     auto_approved  INTEGER NOT NULL DEFAULT 0,
     created_at     TEXT NOT NULL,
-    updated_at     TEXT NOT NULL
+    updated_at     TEXT NOT NULL,
+    release_authorization TEXT                  -- contract mode: the co-signed Release of its share (JSON), once
+                                                -- approved with the payer's signature: the worker may send it itself
 );
 CREATE INDEX IF NOT EXISTS claims_job ON claims(job_id, status);
 CREATE INDEX IF NOT EXISTS claims_agent ON claims(agent_id, created_at);
@@ -187,7 +192,10 @@ CREATE TABLE IF NOT EXISTS payments (
     created_at  TEXT NOT NULL,
     reference   TEXT,                           -- stripe rail: the Stripe object (pi_, tr_, re_) once it exists
     call_id     TEXT,                           -- contract mode, scheduled: the escrow_calls `propose` that pays it
-    executable_at TEXT                          -- contract mode, scheduled: when the proposal may be executed
+    executable_at TEXT,                         -- contract mode, scheduled: when the proposal may be executed
+    failure     TEXT,                           -- failed: why (the chain call that reverted); its entries reversed
+    origin      TEXT                            -- NULL: sent by this service; 'chain': a payment someone else made,
+                                                -- recorded from the contract's events (CONTRACT 25)
 );
 CREATE INDEX IF NOT EXISTS payments_pending ON payments(status) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS payments_job ON payments(job_id, created_at);
@@ -437,11 +445,14 @@ CREATE TABLE IF NOT EXISTS escrow_calls (
     nonce         INTEGER NOT NULL,
     broadcast_at  TEXT,
     executable_at TEXT,                            -- propose: when it may be executed
-    created_at    TEXT NOT NULL
+    created_at    TEXT NOT NULL,
+    payer         TEXT                             -- depositWithAuthorization: its payer (one relay in flight each)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS escrow_calls_relay ON escrow_calls(deposit_id)
     WHERE function = 'depositWithAuthorization' AND status != 'failed';
 CREATE INDEX IF NOT EXISTS escrow_calls_pending ON escrow_calls(status) WHERE status = 'pending';
+CREATE UNIQUE INDEX IF NOT EXISTS escrow_calls_relay_payer ON escrow_calls(payer)
+    WHERE function = 'depositWithAuthorization' AND status = 'pending';
 CREATE INDEX IF NOT EXISTS escrow_calls_deposit ON escrow_calls(deposit_id, function);
 CREATE INDEX IF NOT EXISTS payments_scheduled ON payments(status) WHERE status = 'scheduled';
 CREATE TRIGGER IF NOT EXISTS escrow_calls_signed AFTER INSERT ON escrow_calls BEGIN
@@ -509,4 +520,22 @@ CREATE TABLE IF NOT EXISTS generation (
 );
 INSERT OR IGNORE INTO generation (id, n) VALUES (1, 0);
 
-PRAGMA user_version = 11;
+-- Contract mode (CONTRACT 25): every event of the JobEscrow about a deposit the database knows, the ones other
+-- people sent included, read --confirmations deep from where the last sweep stopped (chain_state
+-- 'escrow_events_from'); the sweep reconciles the ledger with them.
+CREATE TABLE IF NOT EXISTS escrow_events (
+    tx_hash       TEXT NOT NULL,
+    log_index     INTEGER NOT NULL,
+    block_number  INTEGER NOT NULL,
+    deposit_id    TEXT NOT NULL,
+    name          TEXT NOT NULL,                   -- Released, Refunded, Proposed, Cancelled, Reclaimed
+    payee         TEXT,                            -- Released: the payee; Refunded, Reclaimed: the payer
+    amount        INTEGER,
+    fee           INTEGER,
+    by_signature  INTEGER,                         -- Released: 1 by a co-signed release, 0 by an executed proposal
+    ours          INTEGER NOT NULL,                -- sent by this service's key from a transaction it signed
+    PRIMARY KEY (tx_hash, log_index)
+);
+CREATE INDEX IF NOT EXISTS escrow_events_deposit ON escrow_events(deposit_id, name);
+
+PRAGMA user_version = 12;

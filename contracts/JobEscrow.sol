@@ -2,8 +2,10 @@
 pragma solidity 0.8.37;
 
 /// @title JobEscrow: each job's USDC held apart, that even the marketplace's operator cannot take.
-/// @notice CONTRACT.md section 21. A payer deposits for a job; the money leaves only
-///         - to a payee the payer approved by an EIP-712 `Release` signature (at once, by anyone),
+/// @notice CONTRACT.md sections 21 and 25. A payer deposits for a job; the money leaves only
+///         - to a payee both the payer and the arbiter approved by EIP-712 `Release` signatures naming the job's
+///           claim (at once, by anyone: so a payer cannot pay itself back, and a worker holding both signatures
+///           is paid even when the marketplace is down),
 ///         - back to the payer by the arbiter (the marketplace's server key: `refund`, at once),
 ///         - to anyone the arbiter proposes, once `arbiterDelay` has passed and unless the guardian (a key
 ///           kept offline) or the arbiter cancelled it (`propose`, `execute`, `cancel`),
@@ -28,7 +30,7 @@ contract JobEscrow {
     bytes32 private constant DOMAIN_TYPEHASH =
         keccak256("EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)");
     bytes32 public constant RELEASE_TYPEHASH =
-        keccak256("Release(bytes32 id,address payee,uint256 amount,uint256 fee)");
+        keccak256("Release(bytes32 id,bytes32 claim,address payee,uint256 amount,uint256 fee)");
     uint256 private constant HALF_CURVE_ORDER = 0x7fffffffffffffffffffffffffffffff5d576e7357a4501ddfe92f46681b20a0;
     bytes4 private constant ERC1271_MAGIC = 0x1626ba7e;
     uint256 public constant MAX_PAYEES = 32;
@@ -104,14 +106,20 @@ contract JobEscrow {
 
     // ----- money out -----
 
-    /// Pay `payee` with the payer's signature of Release(id, payee, amount, fee); each signature once.
-    function release(bytes32 id, address payee, uint256 amount, uint256 fee, bytes calldata payerSignature) external {
-        Deposit storage held = _existing(id);
-        bytes32 digest = releaseDigest(id, payee, amount, fee);
-        require(!spentReleases[digest], "JobEscrow: release signature spent");
-        require(_signedBy(held.payer, digest, payerSignature), "JobEscrow: not the payer's signature");
-        spentReleases[digest] = true;
-        _take(held, payee, amount, fee);
+    /// Pay `payee` when both the payer and the arbiter signed Release(id, claim, payee, amount, fee); each digest
+    /// once. `claim` is keccak256 of the marketplace's claim id, so two equal shares to one wallet are two releases.
+    function release(
+        bytes32 id,
+        bytes32 claim,
+        address payee,
+        uint256 amount,
+        uint256 fee,
+        bytes calldata payerSignature,
+        bytes calldata arbiterSignature
+    ) external {
+        bytes32 digest = releaseDigest(id, claim, payee, amount, fee);
+        _spendRelease(id, digest, payerSignature, arbiterSignature);
+        _take(deposits[id], payee, amount, fee);
         emit Released(id, payee, amount, fee, true);
         _send(payee, amount);
         _send(feeRecipient, fee);
@@ -194,13 +202,18 @@ contract JobEscrow {
 
     function domainSeparator() public view returns (bytes32) {
         return keccak256(
-            abi.encode(DOMAIN_TYPEHASH, keccak256("JobEscrow"), keccak256("1"), block.chainid, address(this))
+            abi.encode(DOMAIN_TYPEHASH, keccak256("JobEscrow"), keccak256("2"), block.chainid, address(this))
         );
     }
 
-    /// The EIP-712 digest a payer signs to release `amount` (and `fee`) of deposit `id` to `payee`.
-    function releaseDigest(bytes32 id, address payee, uint256 amount, uint256 fee) public view returns (bytes32) {
-        bytes32 structHash = keccak256(abi.encode(RELEASE_TYPEHASH, id, payee, amount, fee));
+    /// The EIP-712 digest the payer and the arbiter both sign to release `amount` (and `fee`) of deposit `id` to
+    /// `payee` for the claim whose id hashes to `claim`.
+    function releaseDigest(bytes32 id, bytes32 claim, address payee, uint256 amount, uint256 fee)
+        public
+        view
+        returns (bytes32)
+    {
+        bytes32 structHash = keccak256(abi.encode(RELEASE_TYPEHASH, id, claim, payee, amount, fee));
         return keccak256(abi.encodePacked("\x19\x01", domainSeparator(), structHash));
     }
 
@@ -217,6 +230,17 @@ contract JobEscrow {
         require(deposits[id].payer == address(0), "JobEscrow: deposit id used");
         deposits[id] = Deposit(payer, account, amount, refundAfter);
         emit Deposited(id, payer, account, amount, refundAfter);
+    }
+
+    /// A release's two signatures checked and its digest spent (a digest pays once).
+    function _spendRelease(bytes32 id, bytes32 digest, bytes calldata payerSignature, bytes calldata arbiterSignature)
+        private
+    {
+        Deposit storage held = _existing(id);
+        require(!spentReleases[digest], "JobEscrow: release signature spent");
+        require(_signedBy(held.payer, digest, payerSignature), "JobEscrow: not the payer's signature");
+        require(_signedBy(arbiter, digest, arbiterSignature), "JobEscrow: not the arbiter's signature");
+        spentReleases[digest] = true;
     }
 
     function _existing(bytes32 id) private view returns (Deposit storage held) {

@@ -1,4 +1,4 @@
-"""Contract mode end to end (CONTRACT.md 21, docs/payments-on-chain.md "The JobEscrow contract"): the real server as a process, a real
+"""Contract mode end to end (CONTRACT.md 21 and 25, docs/payments-on-chain.md "The JobEscrow contract"): the real server as a process, a real
 local EVM (anvil) with TestUSDC and a JobEscrow deployed, every job's USDC in the contract and the server's key (the
 contract's arbiter) holding none of it, ever.
 
@@ -175,8 +175,9 @@ def test_a_relayed_deposit_and_an_approval_signed_by_the_payer_pay_at_once(anvil
         release = detail(server, job, key)['releaseTypedData'][claim_id]
         made = '0x' + contract_calls.deposit_id(payer.address, wanted['account'], signed['refundAfter'],
                                                 signed['salt'])[2:]
-        assert release['message'] == {'id': made, 'payee': wallet, 'amount': str(PAID), 'fee': str(FEE)}
-        assert release['domain'] == {'name': 'JobEscrow', 'version': '1', 'chainId': 8453,
+        assert release['message'] == {'id': made, 'claim': Web3.keccak(text=claim_id).to_0x_hex(), 'payee': wallet,
+                                      'amount': str(PAID), 'fee': str(FEE)}
+        assert release['domain'] == {'name': 'JobEscrow', 'version': '2', 'chainId': 8453,
                                      'verifyingContract': escrow.address}
         assert 'releaseTypedData' not in detail(server, job) and 'releaseTypedData' not in \
             detail(server, job, new_requester(server, 'stranger'))
@@ -191,6 +192,7 @@ def test_a_relayed_deposit_and_an_approval_signed_by_the_payer_pay_at_once(anvil
         paid = one(answer.json()['payments'], 'release')
         assert (paid['status'], paid['amount'], paid['recipient']) == ('pending', '24.50', wallet)
         settle(anvil, lambda: statuses(server, job['id'])['release'] == 'confirmed')
+        assert statuses(server, job['id'])['fee'] == 'confirmed'
         assert (anvil.balance(wallet), anvil.balance(FEES.address), anvil.balance(escrow.address),
                 anvil.balance(ARBITER.address)) == (PAID, FEE, 0, 0)
         assert server.terminate() == 0

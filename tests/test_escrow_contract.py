@@ -1,5 +1,5 @@
-"""contracts/JobEscrow.sol on anvil, as an attacker would test it (CONTRACT.md section 21): every way money leaves,
-and every role (a stranger, the payer, the arbiter, the guardian, the fee recipient) trying what it must not.
+"""contracts/JobEscrow.sol on anvil, as an attacker would test it (CONTRACT.md sections 21 and 25): every way money
+leaves, and every role (a stranger, the payer, the arbiter, the guardian, the fee recipient) trying what it must not.
 
 The committed artifact is rebuilt by the pinned solc and compared; a hypothesis test runs random sequences of
 calls and checks after each that the contract holds exactly the sum of what remains, and that nobody but a payer,
@@ -23,8 +23,10 @@ DELAY = 3600                  # arbiterDelay: the least the contract takes
 MAX_FEE_BPS = 500             # 5 %
 DAY = 86400
 ARBITER, GUARDIAN, FEES, RELAYER = (Account.from_key(key) for key in DEV_KEYS[1:5])
-RELEASE_TYPES = {'Release': [{'name': 'id', 'type': 'bytes32'}, {'name': 'payee', 'type': 'address'},
-                             {'name': 'amount', 'type': 'uint256'}, {'name': 'fee', 'type': 'uint256'}]}
+RELEASE_TYPES = {'Release': [{'name': 'id', 'type': 'bytes32'}, {'name': 'claim', 'type': 'bytes32'},
+                             {'name': 'payee', 'type': 'address'}, {'name': 'amount', 'type': 'uint256'},
+                             {'name': 'fee', 'type': 'uint256'}]}
+CLAIM = Web3.keccak(text='a claim id')
 RECEIVE_TYPES = {'ReceiveWithAuthorization': [
     {'name': 'from', 'type': 'address'}, {'name': 'to', 'type': 'address'}, {'name': 'value', 'type': 'uint256'},
     {'name': 'validAfter', 'type': 'uint256'}, {'name': 'validBefore', 'type': 'uint256'},
@@ -87,12 +89,20 @@ class Escrow:
                 'validBefore': valid_before, 'nonce': nonce})
         return valid_after, valid_before, bytes(signed.signature)
 
-    def release_signature(self, key, deposit_id, payee, amount, fee, chain_id=None, contract=None):
+    def release_signature(self, key, deposit_id, payee, amount, fee, chain_id=None, contract=None, claim=CLAIM,
+                          version='2'):
         signed = Account.sign_typed_data(key, domain_data={
-            'name': 'JobEscrow', 'version': '1', 'chainId': chain_id or self.chain.chain_id,
+            'name': 'JobEscrow', 'version': version, 'chainId': chain_id or self.chain.chain_id,
             'verifyingContract': contract or self.address},
-            message_types=RELEASE_TYPES, message_data={'id': deposit_id, 'payee': payee, 'amount': amount, 'fee': fee})
+            message_types=RELEASE_TYPES, message_data={'id': deposit_id, 'claim': claim, 'payee': payee,
+                                                       'amount': amount, 'fee': fee})
         return bytes(signed.signature)
+
+    def release_args(self, payer_key, deposit_id, payee, amount, fee, claim=CLAIM):
+        """release's arguments signed by the payer and the arbiter both."""
+        return (deposit_id, claim, payee, amount, fee,
+                self.release_signature(payer_key, deposit_id, payee, amount, fee, claim=claim),
+                self.release_signature(ARBITER.key, deposit_id, payee, amount, fee, claim=claim))
 
     def remaining(self, deposit_id):
         return self.contract.functions.deposits(deposit_id).call()[2]
@@ -133,42 +143,73 @@ def test_the_constructor_refuses_a_short_delay_a_fee_cap_over_100_and_the_arbite
             contract.functions.arbiterDelay().call()) == (ARBITER.address, GUARDIAN.address, FEES.address, 500, 3600)
 
 
-def test_a_release_signed_by_the_payer_pays_the_payee_and_the_fee_once(escrow):
+def test_a_release_signed_by_the_payer_and_the_arbiter_pays_the_payee_and_the_fee_once(escrow):
     payer, worker = escrow.funded_payer(25_000_000), Account.create()
     deposit_id = escrow.deposit(payer, 25_000_000)
     assert escrow.contract.functions.deposits(deposit_id).call()[:3] == [payer.address, b'\x01' * 32, 25_000_000]
-    signature = escrow.release_signature(payer.key, deposit_id, worker.address, 19_000_000, 1_000_000)
+    args = escrow.release_args(payer.key, deposit_id, worker.address, 19_000_000, 1_000_000)
     stranger = escrow.funded_payer(0)
-    tx = escrow.call('release', deposit_id, worker.address, 19_000_000, 1_000_000, signature, key=stranger.key)
+    tx = escrow.call('release', *args, key=stranger.key)
     assert escrow.events(tx, 'Released') == [{'id': deposit_id, 'payee': worker.address, 'amount': 19_000_000,
                                               'fee': 1_000_000, 'bySignature': True}]
     assert (escrow.balance(worker.address), escrow.balance(FEES.address), escrow.remaining(deposit_id),
             escrow.balance(escrow.address)) == (19_000_000, 1_000_000, 5_000_000, 5_000_000)
-    escrow.refused('release', deposit_id, worker.address, 19_000_000, 1_000_000, signature, key=stranger.key,
-                   reason='signature spent')
-    # the malleated twin (s -> n - s, v flipped) has the same digest: spent too
+    escrow.refused('release', *args, key=stranger.key, reason='signature spent')
+    # the malleated twin (s -> n - s, v flipped) of either signature has the same digest: spent too
     n = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141
-    r, s, v = signature[:32], int.from_bytes(signature[32:64], 'big'), signature[64]
-    twin = r + (n - s).to_bytes(32, 'big') + bytes([55 - v])
-    escrow.refused('release', deposit_id, worker.address, 19_000_000, 1_000_000, twin, key=stranger.key,
-                   reason='signature spent')
+    for which in (5, 6):
+        signature = args[which]
+        r, s, v = signature[:32], int.from_bytes(signature[32:64], 'big'), signature[64]
+        twin = list(args)
+        twin[which] = r + (n - s).to_bytes(32, 'big') + bytes([55 - v])
+        escrow.refused('release', *twin, key=stranger.key, reason='signature spent')
+    # the same share again for another claim is another release (two equal shares of one job to one wallet)
+    escrow.call('release', *escrow.release_args(payer.key, deposit_id, worker.address, 4_750_000, 250_000,
+                                                claim=Web3.keccak(text='another claim')), key=stranger.key)
+    assert (escrow.balance(worker.address), escrow.remaining(deposit_id)) == (23_750_000, 0)
 
 
-def test_a_release_is_refused_when_anyone_but_the_payer_signed_or_for_another_deposit_chain_or_contract(escrow):
+def test_a_payer_cannot_pay_itself_back_nor_a_stolen_arbiter_key_pay_itself(escrow):
+    """The attack of round 4: the requester signs a Release to its own wallet and sends it itself, before
+    refundAfter. And the arbiter's key alone, stolen, signs one to the thief."""
+    payer, worker = escrow.funded_payer(25_000_000), Account.create()
+    deposit_id = escrow.deposit(payer, 25_000_000)
+    own = escrow.release_signature(payer.key, deposit_id, payer.address, 25_000_000, 0)
+    for arbiter_signature in (own, b'', b'\x00' * 65,
+                              escrow.release_signature(payer.key, deposit_id, payer.address, 25_000_000, 0,
+                                                       claim=Web3.keccak(text='x'))):
+        escrow.refused('release', deposit_id, CLAIM, payer.address, 25_000_000, 0, own, arbiter_signature,
+                       key=payer.key, reason="not the arbiter's signature")
+    thief = ARBITER.address
+    stolen = escrow.release_signature(ARBITER.key, deposit_id, thief, 25_000_000, 0)
+    for payer_signature in (stolen, b''):
+        escrow.refused('release', deposit_id, CLAIM, thief, 25_000_000, 0, payer_signature, stolen,
+                       key=ARBITER.key, reason="not the payer's signature")
+    # what the server's key co-signs (the worker's share) the payer cannot turn to itself: the payee is signed
+    worker_args = escrow.release_args(payer.key, deposit_id, worker.address, 25_000_000, 0)
+    escrow.refused('release', deposit_id, CLAIM, payer.address, 25_000_000, 0, *worker_args[5:], key=payer.key,
+                   reason="not the payer's signature")
+    assert (escrow.balance(payer.address), escrow.remaining(deposit_id)) == (0, 25_000_000)
+
+
+def test_a_release_is_refused_when_signed_for_another_deposit_claim_chain_contract_or_version(escrow):
     payer, worker = escrow.funded_payer(20_000_000), Account.create()
     first, second = escrow.deposit(payer, 10_000_000), escrow.deposit(payer, 10_000_000)
     other = deploy(escrow.chain, USDC, ARBITER.address, GUARDIAN.address, FEES.address, MAX_FEE_BPS, DELAY).address
     for key, deposit_id, options in [
-            (worker.key, first, {}), (ARBITER.key, first, {}), (GUARDIAN.key, first, {}),   # not the payer
+            (worker.key, first, {}), (GUARDIAN.key, first, {}),                          # not the payer
             (payer.key, second, {}),                                                    # signed for the other deposit
+            (payer.key, first, {'claim': Web3.keccak(text='another claim')}),
+            (payer.key, first, {'version': '1'}),                                       # the old contract's domain
             (payer.key, first, {'chain_id': 84532}), (payer.key, first, {'contract': other})]:
         signature = escrow.release_signature(key, deposit_id, worker.address, 10_000_000, 0, **options)
-        escrow.refused('release', first, worker.address, 10_000_000, 0, signature, key=RELAYER.key,
+        arbiter = escrow.release_signature(ARBITER.key, first, worker.address, 10_000_000, 0)
+        escrow.refused('release', first, CLAIM, worker.address, 10_000_000, 0, signature, arbiter, key=RELAYER.key,
                        reason="not the payer's signature")
-    signature = escrow.release_signature(payer.key, first, worker.address, 10_000_000, 0)
-    escrow.refused('release', first, worker.address, 9_000_000, 0, signature, key=RELAYER.key,
+    args = list(escrow.release_args(payer.key, first, worker.address, 10_000_000, 0))
+    escrow.refused('release', *(args[:3] + [9_000_000] + args[4:]), key=RELAYER.key,
                    reason="not the payer's signature")     # another amount than signed
-    escrow.refused('release', first, worker.address, 10_000_000, 0, signature[:64], key=RELAYER.key,
+    escrow.refused('release', *(args[:5] + [args[5][:64], args[6]]), key=RELAYER.key,
                    reason="not the payer's signature")     # 64 bytes
     assert escrow.balance(escrow.address) == 20_000_000
 
@@ -176,16 +217,14 @@ def test_a_release_is_refused_when_anyone_but_the_payer_signed_or_for_another_de
 def test_the_fee_cap_and_what_remains_bound_every_payout(escrow):
     payer, worker = escrow.funded_payer(10_000_000), Account.create()
     deposit_id = escrow.deposit(payer, 10_000_000)
-    over_cap = escrow.release_signature(payer.key, deposit_id, worker.address, 9_400_000, 600_000)   # 6 % > 5 %
-    escrow.refused('release', deposit_id, worker.address, 9_400_000, 600_000, over_cap, key=RELAYER.key,
-                   reason='fee over the cap')
-    too_much = escrow.release_signature(payer.key, deposit_id, worker.address, 10_000_000, 1)
-    escrow.refused('release', deposit_id, worker.address, 10_000_000, 1, too_much, key=RELAYER.key,
-                   reason='more than remains')
+    over_cap = escrow.release_args(payer.key, deposit_id, worker.address, 9_400_000, 600_000)   # 6 % > 5 %
+    escrow.refused('release', *over_cap, key=RELAYER.key, reason='fee over the cap')
+    too_much = escrow.release_args(payer.key, deposit_id, worker.address, 10_000_000, 1)
+    escrow.refused('release', *too_much, key=RELAYER.key, reason='more than remains')
     escrow.refused('propose', deposit_id, [worker.address], [9_000_000], 1_000_000, key=ARBITER.key,
                    reason='fee over the cap')
-    at_cap = escrow.release_signature(payer.key, deposit_id, worker.address, 9_500_000, 500_000)
-    escrow.call('release', deposit_id, worker.address, 9_500_000, 500_000, at_cap, key=RELAYER.key)
+    at_cap = escrow.release_args(payer.key, deposit_id, worker.address, 9_500_000, 500_000)
+    escrow.call('release', *at_cap, key=RELAYER.key)
     assert (escrow.balance(worker.address), escrow.balance(FEES.address), escrow.remaining(deposit_id)) == \
         (9_500_000, 500_000, 0)
 
@@ -309,7 +348,8 @@ def test_a_relayed_deposit_needs_no_eth_from_the_payer_and_binds_account_amount_
 # Random sequences of calls by every role ------------------------------------------------------------------------
 
 ACTIONS = st.lists(st.tuples(
-    st.sampled_from(['deposit', 'release', 'refund', 'propose', 'execute', 'cancel', 'reclaim', 'wait', 'steal']),
+    st.sampled_from(['deposit', 'release', 'self_release', 'refund', 'propose', 'execute', 'cancel', 'reclaim', 'wait',
+                     'steal']),
     st.integers(0, 2),                  # which deposit
     st.integers(0, 12_000_000),         # an amount
     st.integers(0, 3)), min_size=1, max_size=14)
@@ -318,6 +358,9 @@ ACTIONS = st.lists(st.tuples(
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(actions=ACTIONS)
 def test_random_calls_keep_the_balance_equal_to_what_remains_and_pay_only_those_allowed(escrow, actions):
+    """After every call: the contract holds the sum of what remains; nobody was paid but a payer, a payee that
+    both the payer and the arbiter signed for or an executed proposal named, or the fee recipient; and each payer
+    got back exactly what the arbiter refunded plus what it reclaimed once refundAfter had passed."""
     chain = escrow.chain
     snapshot = chain.snapshot()
     try:
@@ -325,21 +368,33 @@ def test_random_calls_keep_the_balance_equal_to_what_remains_and_pay_only_those_
         payees = [Account.create().address for _ in range(4)]
         deposits, allowed = [], {payer.address for payer in payers} | {FEES.address}
         watched = set(payees) | {ARBITER.address, GUARDIAN.address, RELAYER.address}
-        for action, which, amount, pick in actions:
+        returned = {payer.address: 0 for payer in payers}      # refunded by the arbiter, or reclaimed in time
+        deposited = {payer.address: 0 for payer in payers}
+        for step, (action, which, amount, pick) in enumerate(actions):
             payer = payers[which]
             deposit_id = deposits[which % len(deposits)] if deposits else None
+            owner = escrow.contract.functions.deposits(deposit_id).call() if deposit_id else None
+            owner_key = owner and next(p.key for p in payers if p.address == owner[0])
             try:
                 if action == 'deposit' or deposit_id is None:
                     deposits.append(escrow.deposit(payer, max(amount, 1), refund_after=chain.timestamp() + 3 * DAY))
+                    deposited[payer.address] += max(amount, 1)
                 elif action == 'release':
-                    owner = escrow.contract.functions.deposits(deposit_id).call()[0]
-                    key = next(p.key for p in payers if p.address == owner)
                     fee = amount * MAX_FEE_BPS // 10_000 // 2
-                    signature = escrow.release_signature(key, deposit_id, payees[pick], amount, fee)
-                    escrow.call('release', deposit_id, payees[pick], amount, fee, signature, key=RELAYER.key)
+                    claim = Web3.keccak(text=f'claim {step}')
+                    escrow.call('release', *escrow.release_args(owner_key, deposit_id, payees[pick], amount, fee,
+                                                                claim=claim), key=RELAYER.key)
                     allowed.add(payees[pick])
+                elif action == 'self_release':      # the payer's own Release to itself, with any arbiter signature
+                    own = escrow.release_signature(owner_key, deposit_id, owner[0], amount, 0)
+                    cosigned = escrow.release_signature(ARBITER.key, deposit_id, payees[pick], amount, 0)
+                    with pytest.raises(ContractLogicError):
+                        escrow.call('release', deposit_id, CLAIM, owner[0], amount, 0, own,
+                                    (own, cosigned, b'')[pick % 3], key=owner_key)
                 elif action == 'refund':
-                    escrow.call('refund', deposit_id, amount, key=ARBITER.key)
+                    tx = escrow.call('refund', deposit_id, amount, key=ARBITER.key)
+                    for event in escrow.events(tx, 'Refunded'):
+                        returned[event['payer']] += event['amount']
                 elif action == 'propose':
                     escrow.call('propose', deposit_id, [payees[pick]], [amount], 0, key=ARBITER.key)
                 elif action == 'execute':
@@ -349,7 +404,11 @@ def test_random_calls_keep_the_balance_equal_to_what_remains_and_pay_only_those_
                 elif action == 'cancel':
                     escrow.call('cancel', deposit_id, key=(GUARDIAN, ARBITER)[pick % 2].key)
                 elif action == 'reclaim':
-                    escrow.call('reclaim', deposit_id, key=RELAYER.key)
+                    tx = escrow.call('reclaim', deposit_id, key=(RELAYER, payers[which])[pick % 2].key)
+                    mined_at = chain.w3.eth.get_block(chain.receipt(tx)['blockNumber'])['timestamp']
+                    assert mined_at >= owner[3]
+                    for event in escrow.events(tx, 'Reclaimed'):
+                        returned[event['payer']] += event['amount']
                 elif action == 'wait':
                     chain.mine(1, [60, DELAY, DAY, 3 * DAY][pick])
                     chain.mine(1)
@@ -365,6 +424,8 @@ def test_random_calls_keep_the_balance_equal_to_what_remains_and_pay_only_those_
             assert held == sum(escrow.remaining(deposit_id) for deposit_id in deposits)
             for address in watched:
                 assert address in allowed or escrow.balance(address) == 0, address
+            for each in payers:
+                assert escrow.balance(each.address) == 40_000_000 - deposited[each.address] + returned[each.address]
         assert sum(escrow.balance(address) for address in allowed | watched) + escrow.balance(escrow.address) == \
             sum(40_000_000 for _ in payers)
     finally:

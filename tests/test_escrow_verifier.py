@@ -45,7 +45,7 @@ def test_a_deployment_signed_here_has_the_settings_asked(deployed):
     node, address = deployed
     assert contract_calls.EscrowReader(node, address).settings() == {
         'token': USDC, 'arbiter': ARBITER.address, 'guardian': GUARDIAN.address, 'feeRecipient': FEES.address,
-        'maxFeeBps': 300, 'arbiterDelay': 7200}
+        'maxFeeBps': 300, 'arbiterDelay': 7200, 'domainSeparator': contract_calls.domain_separator(address, 8453)}
 
 
 def test_a_relayed_deposit_a_release_and_a_proposal_as_the_service_makes_them(deployed, anvil):
@@ -72,13 +72,20 @@ def test_a_relayed_deposit_a_release_and_a_proposal_as_the_service_makes_them(de
                                               'refundAfter': refund_after}
     assert reader.deposit(deposit, block - 1) is None       # read at a block: before the deposit, nothing
 
-    release = contract_calls.release_typed_data(address, anvil.chain_id, deposit, worker.address, 5_000_000, 150_000)
-    assert release['message'] == {'id': deposit, 'payee': worker.address, 'amount': '5000000', 'fee': '150000'}
+    claim = contract_calls.claim_hash('7d0c2a9e-0b5f-4d61-9f4e-1c2b3a4d5e6f')
+    assert claim == Web3.keccak(text='7d0c2a9e-0b5f-4d61-9f4e-1c2b3a4d5e6f').to_0x_hex()
+    release = contract_calls.release_typed_data(address, anvil.chain_id, deposit, claim, worker.address, 5_000_000,
+                                                150_000)
+    assert release['message'] == {'id': deposit, 'claim': claim, 'payee': worker.address, 'amount': '5000000',
+                                  'fee': '150000'}
     signed = contract_calls.sign_typed_data(payer.key, release)
     assert contract_calls.typed_data_signer(release, signed) == payer.address
     assert contract_calls.typed_data_signer(release, '0x1234') is None
-    assert send(node, anvil, ARBITER.key, address, 'release', deposit, worker.address, 5_000_000, 150_000,
-                signed) == 1
+    cosigned = contract_calls.sign_typed_data(ARBITER.key, release)
+    assert send(node, anvil, RELAYER.key, address, 'release', deposit, claim, worker.address, 5_000_000, 150_000,
+                signed, signed) == 0        # the payer's signature twice: the arbiter's is missing
+    assert send(node, anvil, RELAYER.key, address, 'release', deposit, claim, worker.address, 5_000_000, 150_000,
+                signed, cosigned) == 1
     assert (anvil.balance(worker.address), anvil.balance(FEES.address), reader.deposit(deposit)['remaining']) == \
         (5_000_000, 150_000, 2_850_000)
 
@@ -113,4 +120,5 @@ def test_escrow_deploy_checks_its_arguments_then_deploys_with_the_deployer_key(a
     address = capsys.readouterr().out.strip()
     assert contract_calls.EscrowReader(Chain(anvil.url), address).settings() == {
         'token': USDC, 'arbiter': ARBITER.address, 'guardian': GUARDIAN.address, 'feeRecipient': FEES.address,
-        'maxFeeBps': 250, 'arbiterDelay': 86400}
+        'maxFeeBps': 250, 'arbiterDelay': 86400,
+        'domainSeparator': contract_calls.domain_separator(address, 8453)}      # the new JobEscrow: version 2

@@ -1,4 +1,4 @@
-"""The JobEscrow contract (contracts/JobEscrow.sol, CONTRACT.md section 21): its calls encoded and signed with the
+"""The JobEscrow contract (contracts/JobEscrow.sol, CONTRACT.md sections 21 and 25): its calls encoded and signed with the
 arbiter's key, its state read at a block, and the typed data payers sign. Nothing is sent from here: the caller
 stores a signed transaction before broadcasting it (the payouts' rule: a crash between the two sends the same one).
 """
@@ -21,8 +21,10 @@ ARTIFACT = Path(__file__).resolve().parent.parent / 'contracts' / 'JobEscrow.jso
 CALL_GAS = 250_000          # refund, release, execute of one payee, reclaim, depositWithAuthorization
 GAS_PER_PAYEE = 60_000      # propose and execute, per payee beyond the first
 DEPLOY_GAS = 2_500_000
-RELEASE_TYPES = {'Release': [{'name': 'id', 'type': 'bytes32'}, {'name': 'payee', 'type': 'address'},
-                             {'name': 'amount', 'type': 'uint256'}, {'name': 'fee', 'type': 'uint256'}]}
+DOMAIN_VERSION = '2'        # the Release that both the payer and the arbiter sign, naming the claim (CONTRACT 25)
+RELEASE_TYPES = {'Release': [{'name': 'id', 'type': 'bytes32'}, {'name': 'claim', 'type': 'bytes32'},
+                             {'name': 'payee', 'type': 'address'}, {'name': 'amount', 'type': 'uint256'},
+                             {'name': 'fee', 'type': 'uint256'}]}
 RECEIVE_TYPES = {'ReceiveWithAuthorization': [
     {'name': 'from', 'type': 'address'}, {'name': 'to', 'type': 'address'}, {'name': 'value', 'type': 'uint256'},
     {'name': 'validAfter', 'type': 'uint256'}, {'name': 'validBefore', 'type': 'uint256'},
@@ -51,6 +53,11 @@ def _bytes32(value, what):
 def account_hash(account_id):
     """What a deposit names of the posting account: keccak256 of its id as UTF-8 ('0x' + 64 hex digits)."""
     return Web3.keccak(text=account_id).to_0x_hex()
+
+
+def claim_hash(claim_id):
+    """What a Release names of the claim it pays: keccak256 of the claim's id as UTF-8 ('0x' + 64 hex digits)."""
+    return Web3.keccak(text=claim_id).to_0x_hex()
 
 
 def deposit_id(payer, account, refund_after, salt):
@@ -116,14 +123,23 @@ def deploy(chain, private_key, *, token, arbiter, guardian, fee_recipient, max_f
         'contractAddress']
 
 
-def release_typed_data(contract, chain_id, deposit, payee, amount, fee):
-    """The EIP-712 Release a payer signs to pay `amount` (and `fee`) of `deposit` to `payee`: the JSON a wallet's
-    eth_signTypedData_v4 takes (numbers as decimal strings, so that JavaScript reads them exactly)."""
+def release_typed_data(contract, chain_id, deposit, claim, payee, amount, fee):
+    """The EIP-712 Release that the payer and the arbiter both sign to pay `amount` (and `fee`) of `deposit` to
+    `payee` for the claim hashing to `claim` (claim_hash): the JSON a wallet's eth_signTypedData_v4 takes (numbers
+    as decimal strings, so that JavaScript reads them exactly)."""
     return {'types': {'EIP712Domain': EIP712_DOMAIN, **RELEASE_TYPES}, 'primaryType': 'Release',
-            'domain': {'name': 'JobEscrow', 'version': '1', 'chainId': int(chain_id),
+            'domain': {'name': 'JobEscrow', 'version': DOMAIN_VERSION, 'chainId': int(chain_id),
                        'verifyingContract': checksummed(contract, 'escrow contract')},
-            'message': {'id': deposit, 'payee': checksummed(payee, 'payee'), 'amount': str(int(amount)),
-                        'fee': str(int(fee))}}
+            'message': {'id': deposit, 'claim': claim, 'payee': checksummed(payee, 'payee'),
+                        'amount': str(int(amount)), 'fee': str(int(fee))}}
+
+
+def domain_separator(contract, chain_id):
+    """The EIP-712 domain separator of the JobEscrow this code speaks to (version DOMAIN_VERSION)."""
+    return Web3.keccak(encode(['bytes32', 'bytes32', 'bytes32', 'uint256', 'address'], [
+        Web3.keccak(text='EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)'),
+        Web3.keccak(text='JobEscrow'), Web3.keccak(text=DOMAIN_VERSION), int(chain_id),
+        checksummed(contract, 'escrow contract')])).to_0x_hex()
 
 
 def receive_typed_data(token, chain_id, payer, contract, amount, valid_after, valid_before, nonce):
@@ -190,10 +206,13 @@ class EscrowReader:
                 'executableAt': int(executable_at)}
 
     def settings(self):
-        """The contract's immutables: {token, arbiter, guardian, feeRecipient, maxFeeBps, arbiterDelay}."""
+        """The contract's immutables: {token, arbiter, guardian, feeRecipient, maxFeeBps, arbiterDelay,
+        domainSeparator} (an older JobEscrow has another domain separator: its Release is not this one)."""
         functions = self.contract.functions
-        return {name: self.chain._ask('eth_call', getattr(functions, name)().call)
-                for name in ('token', 'arbiter', 'guardian', 'feeRecipient', 'maxFeeBps', 'arbiterDelay')}
+        terms = {name: self.chain._ask('eth_call', getattr(functions, name)().call)
+                 for name in ('token', 'arbiter', 'guardian', 'feeRecipient', 'maxFeeBps', 'arbiterDelay')}
+        terms['domainSeparator'] = '0x' + bytes(self.chain._ask('eth_call', functions.domainSeparator().call)).hex()
+        return terms
 
     def proposed_ids(self, from_block=0, to_block='latest'):
         """The deposit ids that had a proposal made in these blocks (each once, oldest first)."""
@@ -213,12 +232,26 @@ class EscrowReader:
                 pending.append(dict(proposal, id=deposit))
         return pending
 
-    def reclaims(self, from_block, to_block):
-        """The deposits reclaimed in these blocks: [{id, amount, txHash}], oldest first."""
-        logs = self.chain._ask('eth_getLogs', lambda: self.contract.events.Reclaimed().get_logs(
-            from_block=from_block, to_block=to_block))
-        return [{'id': '0x' + bytes(entry['args']['id']).hex(), 'amount': int(entry['args']['amount']),
-                 'txHash': entry['transactionHash'].to_0x_hex()} for entry in logs]
+    def events(self, from_block, to_block):
+        """Every event of the contract in these blocks, oldest first: [{name, id, txHash, logIndex, blockNumber,
+        payee, amount, fee, bySignature}] (Released: its payee; Refunded and Reclaimed: the payer in `payee`)."""
+        topics = {Web3.keccak(text=f'{name}({",".join(i["type"] for i in abi["inputs"])})'): name
+                  for abi in artifact()['abi'] if abi['type'] == 'event' for name in [abi['name']]}
+        logs = self.chain._ask('eth_getLogs', lambda: self.chain.w3.eth.get_logs(
+            {'address': self.address, 'fromBlock': from_block, 'toBlock': to_block}))
+        found = []
+        for entry in logs:
+            name = topics.get(bytes(entry['topics'][0])) if entry['topics'] else None
+            if name is None:
+                continue
+            args = getattr(self.contract.events, name)().process_log(entry)['args']
+            found.append({'name': name, 'id': '0x' + bytes(args['id']).hex(), 'txHash': entry['transactionHash'].to_0x_hex(),
+                          'logIndex': int(entry['logIndex']), 'blockNumber': int(entry['blockNumber']),
+                          'payee': args.get('payee') or args.get('payer'),
+                          'amount': int(args['amount']) if 'amount' in args else None,
+                          'fee': int(args['fee']) if 'fee' in args else None,
+                          'bySignature': args.get('bySignature')})
+        return found
 
     def proposal_end(self, deposit, from_block):
         """How the proposal of a deposit made at `from_block` left the contract: ('executed', tx hash) when a
