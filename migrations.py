@@ -87,6 +87,15 @@ MIGRATIONS = {
             add_missing_column(db, 'payments', 'failure', 'TEXT'),
             add_missing_column(db, 'payments', 'origin', 'TEXT'),
             add_missing_column(db, 'escrow_calls', 'payer', 'TEXT')),
+        # A payout that reverted now counts for nothing (its two entries reversed) and its job needs an admin.
+        'after': '''INSERT INTO ledger_entries (payment_id, job_id, account, amount, currency, created_at)
+                        SELECT e.payment_id, e.job_id, e.account, -e.amount, e.currency, e.created_at
+                        FROM ledger_entries e JOIN payments p ON p.id = e.payment_id WHERE p.status = 'failed'
+                        AND (SELECT count(*) FROM ledger_entries x WHERE x.payment_id = p.id) = 2 ORDER BY e.id;
+                    UPDATE payments SET failure = 'its transaction reverted on chain'
+                        WHERE status = 'failed' AND failure IS NULL;
+                    UPDATE jobs SET needs_admin = 'a payout reverted on chain'
+                        WHERE needs_admin IS NULL AND id IN (SELECT job_id FROM payments WHERE status = 'failed');''',
     },
 }
 

@@ -106,7 +106,10 @@ JOB_SCHEMA = closed_object({
     'escrowDepositId': dict(nullable(TX_HASH_SCHEMA), description='Contract mode: the JobEscrow deposit that holds '
                             "this job's USDC (its payer may reclaim it from the contract after its refundAfter)."),
     'needsAdmin': {'type': 'boolean', 'description': 'true while the escrow is held (a chargeback or a refund made '
-                                                     'outside the service): an admin should look at it.'},
+                                                     'outside the service), or (on chain) while the chain and the '
+                                                     'ledger disagree: a call of the service reverted, or the '
+                                                     'deposit holds less than the job still owes from it. An admin '
+                                                     'should look at it.'},
     'claimCount': dict(COUNT_SCHEMA, description='Active claims: claimed, delivered or disputed.'),
     'createdAt': TIME_SCHEMA,
     'updatedAt': TIME_SCHEMA,
@@ -176,6 +179,19 @@ API_SCHEMAS = {
         'autoApproved': {'type': 'boolean'},
         'createdAt': TIME_SCHEMA,
         'updatedAt': TIME_SCHEMA,
+        'releaseAuthorization': {
+            'description': "Contract mode, once approved with the payer's Release signature, to the readers of the "
+                           'deliverable (the worker among them): the Release both the payer and the service (the '
+                           "contract's arbiter) signed, which anyone may send to the contract's release(id, claim, "
+                           'payee, amount, fee, payerSignature, arbiterSignature): the worker is paid even when the '
+                           'service is down. Amounts in base units. Null otherwise.',
+            'anyOf': [closed_object({
+                'contract': ADDRESS_SCHEMA, 'chainId': {'type': 'integer'}, 'id': TX_HASH_SCHEMA,
+                'claim': dict(TX_HASH_SCHEMA, description="keccak256 of the claim's id (UTF-8)."),
+                'payee': ADDRESS_SCHEMA, 'amount': {'type': 'string', 'pattern': '^[0-9]+$'},
+                'fee': {'type': 'string', 'pattern': '^[0-9]+$'},
+                'payerSignature': {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{130}$'},
+                'arbiterSignature': {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{130}$'}}), {'type': 'null'}]},
     }),
     'Payment': closed_object({
         'id': UUID_SCHEMA,
@@ -192,12 +208,16 @@ API_SCHEMAS = {
                                   "Dashboard), or (contract mode) the guardian cancelled its proposal or the payer "
                                   'reclaimed the deposit; it counts for nothing in the ledger. scheduled (contract '
                                   "mode): approved without the payer's Release signature, proposed to the contract "
-                                  'and paid by the sweep once executableAt has passed on chain.'},
+                                  'and paid by the sweep once executableAt has passed on chain. failed: its chain '
+                                  'call reverted; it counts for nothing in the ledger and the job shows needsAdmin '
+                                  '(a release\'s fee fails with it). pending (contract mode, a fee): its release '
+                                  'is not mined yet.'},
         'recipient': {'type': 'string', 'description': "A wallet address, an agent or account id, 'escrow' or "
                                                        "'operator' (a fee; in contract mode the contract's "
                                                        'feeRecipient, which the contract pays).'},
         'txHash': nullable(TX_HASH_SCHEMA),
         'reference': nullable({'type': 'string', 'examples': ['pi_3Nx']}),
+        'failure': nullable({'type': 'string', 'description': 'failed: why (the transaction that reverted).'}),
         'executableAt': nullable(dict(TIME_SCHEMA, description='Contract mode, scheduled: when the proposal that '
                                                               'pays it may run (the chain\'s clock decides).')),
         'createdAt': TIME_SCHEMA,
@@ -475,8 +495,9 @@ API_SCHEMAS = {
         'approved': {'type': 'boolean', 'description': 'true releases escrow to the worker, false refunds it.'},
         'reason': {'type': 'string', 'maxLength': 5000},
         'releaseSignature': {'type': 'string', 'pattern': '^0x[0-9a-fA-F]{130}$',
-                             'description': "Contract mode, with approved: the payer's signature of the claim's "
-                                            'releaseTypedData (the job\'s detail shows it): paid at once. Without '
+                             'description': "Contract mode, with approved: the payer's signature (low s, as "
+                                            "wallets make) of the claim's releaseTypedData (the job's detail shows "
+                                            'it), which the service co-signs: paid at once. Without '
                                             "it the payout is scheduled: proposed, and paid after the contract's "
                                             'delay unless its guardian cancels it. 402 payment_signature_invalid '
                                             "when it is not the payer's signature of that Release."}}},
