@@ -6254,7 +6254,7 @@ def make_app(settings, faces):
 
     def check_request(bucket):
         """What every API request passes before its handler: sizes, the method, the rate limit."""
-        if request.content_length > MAX_BODY:
+        if request.content_length > MAX_BODY and request.route.rule != '/mcp':    # /mcp answers it in JSON-RPC
             raise BodyTooLarge()
         if request.query_string.count('&') >= MAX_QUERY_PARAMS:
             raise BadRequest(f'A request takes at most {MAX_QUERY_PARAMS} query parameters.',
