@@ -2596,6 +2596,7 @@ RATE_LIMITS = {
     'signin': 30,       # the pages' POST /signin and /signup: API keys are not guessed, accounts not made in bulk
     'oauth': 120,       # POST /oauth/token: codes and refresh tokens exchanged (a host refreshes once an hour)
     'mcp': 600,         # /mcp requests (a tool's own API call counts again, in its class, for the same caller)
+    'a2a': 12,          # POST /message:send and /message:stream: 120 an hour per key (each stores a task)
 }
 
 
