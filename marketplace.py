@@ -2236,6 +2236,7 @@ RATE_LIMITS = {
     'signin': 30,       # the pages' POST /signin and /signup: API keys are not guessed, accounts not made in bulk
     'oauth': 120,       # POST /oauth/token: codes and refresh tokens exchanged (a host refreshes once an hour)
     'mcp': 600,         # /mcp requests (a tool's own API call counts again, in its class, for the same caller)
+    'a2a': 12,          # POST /message:send and /message:stream: 120 an hour per key (each stores a task)
 }
 
 
@@ -5898,7 +5899,7 @@ def make_app(settings, faces):
 
     def check_request(bucket):
         """What every API request passes before its handler: sizes, the method, the rate limit."""
-        if request.content_length > MAX_BODY:
+        if request.content_length > MAX_BODY and request.route.rule != '/mcp':    # /mcp answers it in JSON-RPC
             raise BodyTooLarge()
         if request.query_string.count('&') >= MAX_QUERY_PARAMS:
             raise BadRequest(f'A request takes at most {MAX_QUERY_PARAMS} query parameters.',

@@ -943,11 +943,16 @@ API_OPERATIONS = {
         'description': "Answers A2A's TASK_NOT_CANCELABLE (400), or TASK_NOT_FOUND (404)."},
     ('POST', '/mcp'): {
         'summary': 'MCP over Streamable HTTP (JSON-RPC): the tools and resources of `marketplace.py mcp`',
-        'tags': ['System'], 'auth': 'key', 'ok': (200, 'JsonRpcAnswer'), 'errors': (400, 401, 406, 413, 415, 429, 503),
-        'description': 'The Model Context Protocol server (docs/agents.md), stateless, answering JSON: '
+        'tags': ['System'], 'auth': 'key', 'ok': (200, 'JsonRpcAnswer'), 'errors': (400, 401, 403, 406, 415, 429, 503),
+        'also': {413: ('JsonRpcAnswer', 'A body over 1 MiB, read whole up to 4 MiB: a JSON-RPC error (-32600, id '
+                                        'null) with code body_too_large and status 413 beside it; the connection '
+                                        'stays open. Over 4 MiB: the API\'s 413, unread, the connection closed.')},
+        'description': 'The Model Context Protocol server (docs/agents.md), stateless, answering JSON, on protocol '
+                       '2026-07-28 and the initialize handshake of 2025-11-25: '
                        'send the MCP JSON-RPC messages of an MCP client, with Authorization: Bearer <an API key or '
                        'an OAuth access token>; its tools act as that account. 401 without a live token, with '
-                       'WWW-Authenticate: Bearer resource_metadata=<the OAuth protected resource metadata>. A tool '
+                       'WWW-Authenticate: Bearer resource_metadata=<the OAuth protected resource metadata>; 403 '
+                       'cross_site_request for an Origin of another site than this one. A tool '
                        'whose API call fails is a tool error (isError), never a result.'},
     ('GET', '/metrics'): {
         'summary': 'Prometheus metrics (text format), for admin keys', 'tags': ['System'], 'auth': 'key',

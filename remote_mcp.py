@@ -4,13 +4,16 @@ The mcp SDK runs on asyncio and must never be patched by gevent, so `serve` does
 to /mcp this face starts `marketplace.py mcp --http-fd N` (mcp_server.run_http) as a child process on a loopback
 socket it has bound and hands over, and proxies each request to it. The child is stateless and answers JSON; it
 calls this same API back over loopback with the caller's Bearer token, so a tool acts as the caller's account, as
-the stdio server acts as its key's. This face checks the token before anything reaches the child (401 with the
-OAuth resource metadata named), caps the body at 1 MiB, and passes the caller's address along, signed with a
-secret only this process and its child know, so that the tools' API calls count against the caller's rate limits,
-not loopback's.
+the stdio server acts as its key's. This face refuses a page of another site (403 for a foreign Origin, against DNS
+rebinding) and checks the token before anything reaches the child (401 with the OAuth resource metadata named); it
+caps the body at 1 MiB, answering a larger one of up to 4 MiB, read whole, with a JSON-RPC error (413) so that the
+client's session goes on (CONTRACT.md section 25); it passes every Mcp-* header both ways (2026-07-28 routes on
+Mcp-Method and Mcp-Name), and the caller's address along, signed with a secret only this process and its child
+know, so that the tools' API calls count against the caller's rate limits, not loopback's.
 """
 
 import ctypes
+import ipaddress
 import logging
 import os
 import signal
@@ -18,17 +21,19 @@ import socket
 import subprocess
 import sys
 import threading
+from urllib.parse import urlsplit
 
 import requests
 from bottle import request, response
 
-from marketplace import HERE, Unauthorized, Unavailable, account_for_key, client_ip, read_raw_body, route, service
+from marketplace import (HERE, MAX_BODY, BodyTooLarge, Forbidden, Unauthorized, Unavailable, account_for_key,
+                         client_ip, read_raw_body, route, service)
 
 log = logging.getLogger('marketplace.mcp')
 RELAY_HEADER = 'X-Marketplace-Relay'        # the child's API calls: the secret, then the caller's address
-PASSED_HEADERS = ('Content-Type', 'Accept', 'Authorization', 'Mcp-Protocol-Version', 'Mcp-Session-Id',
-                  'Last-Event-Id')
-ANSWER_HEADERS = ('Content-Type', 'Mcp-Session-Id', 'Mcp-Protocol-Version', 'Allow')
+PASSED_HEADERS = ('Content-Type', 'Accept', 'Authorization', 'Last-Event-Id')     # and every Mcp-* header
+ANSWER_HEADERS = ('Content-Type', 'Allow')                                          # and every Mcp-* header
+OVERSIZED_READ = 4 * 1024 * 1024    # a body over MAX_BODY read before its 413, so that an MCP client's send completes
 CHILD_TIMEOUT = 120         # seconds a proxied request may take (a tool's API call has --mcp-timeout)
 
 try:
@@ -114,20 +119,118 @@ def unauthorized(message, error=None):
     return failure
 
 
+def passed_headers(environ):
+    """The request's headers the MCP server reads, as sent: PASSED_HEADERS and every Mcp-* header (the protocol of
+    2026-07-28 needs Mcp-Method and Mcp-Name, a tool's declared parameters come as Mcp-Param-*). A WSGI environ
+    keeps no header's spelling: `HTTP_MCP_PARAM_X` is sent as Mcp-Param-X (header names are case-insensitive)."""
+    headers = {name: environ[key] for name in PASSED_HEADERS
+               if (key := 'CONTENT_TYPE' if name == 'Content-Type' else 'HTTP_' + name.upper().replace('-', '_'))
+               in environ}
+    for key, value in environ.items():
+        if key.startswith('HTTP_MCP_'):
+            headers['-'.join(word.capitalize() for word in key[5:].split('_'))] = value
+    return headers
+
+
+def answer_headers(headers):
+    """The MCP server's answer headers given back: ANSWER_HEADERS and every Mcp-* header."""
+    return {name: value for name, value in headers.items()
+            if name.lower().startswith('mcp-') or name.lower() in {kept.lower() for kept in ANSWER_HEADERS}}
+
+
+def site(url, path_allowed=False):
+    """(scheme, host, port) of an http(s) URL, the scheme's default port filled in; None for anything else (an
+    Origin of "null", a path, user information, a port that is not one)."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in ('http', 'https') or not parts.hostname or '@' in parts.netloc or parts.query or \
+            parts.fragment or (parts.path and not path_allowed):
+        return None
+    return scheme, parts.hostname.lower(), port or (443 if scheme == 'https' else 80)
+
+
+def own_sites():
+    """The sites whose pages may call /mcp: --public-url's, or without one the address served (the address it
+    listens on, and the address in the request's Host when that is an IP address or localhost). A host name in Host
+    is not trusted: a page of another site whose name was made to resolve here (DNS rebinding) sends its own."""
+    settings = service().settings
+    if settings.public_url:
+        return {site(settings.public_url, path_allowed=True)}
+    sites = {site(settings.base_url)}
+    served = site(f'{request.environ.get("wsgi.url_scheme", "http")}://{request.environ.get("HTTP_HOST", "")}')
+    if served is not None and (served[1] == 'localhost' or is_ip_address(served[1])):
+        sites.add(served)
+    return sites
+
+
+def is_ip_address(host):
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def refuse_other_sites():
+    """403 for a request whose Origin names another site than this one's (a page elsewhere, maybe through DNS
+    rebinding, as the MCP specification warns); a request without Origin (an MCP host, not a page) passes."""
+    origin = request.environ.get('HTTP_ORIGIN')
+    if origin is not None and site(origin) not in own_sites():
+        raise Forbidden('MCP is not served to pages of another site: this request\'s Origin is not '
+                        f'{service().settings.base_url}.', code='cross_site_request')
+
+
+def too_large_answer():
+    """The answer to a body over MAX_BODY: read whole when it is at most OVERSIZED_READ (within --body-timeout, the
+    body's deadline), so that the client's send completes and its connection stays open for the next call, then
+    HTTP 413 with a JSON-RPC error (id null: the request was never parsed) that an MCP client reports as the call's
+    error. A larger body is BodyTooLarge unread, and its connection closed (section 20)."""
+    length = request.content_length
+    if length > OVERSIZED_READ:
+        raise BodyTooLarge()
+    stream = request.environ['wsgi.input']
+    if length >= 0:
+        left = length
+    else:       # chunked: read_raw_body has read MAX_BODY + 1 of it already
+        left = OVERSIZED_READ - MAX_BODY
+    while left > 0:
+        chunk = stream.read(min(left, 64 * 1024))
+        if not chunk:
+            break
+        left -= len(chunk)
+    if length < 0 and left <= 0:
+        raise BodyTooLarge()    # a chunked body past OVERSIZED_READ: the rest unread, the connection closed
+    message = (f'The request body is larger than {MAX_BODY // (1024 * 1024)} MiB; nothing was done. Send less '
+               '(a long text as a link to it).')
+    response.status = 413
+    response.content_type = 'application/json'
+    return {'jsonrpc': '2.0', 'id': None, 'error': {'code': -32600, 'message': message},
+            'code': 'body_too_large', 'status': 413}
+
+
 @route('POST', '/mcp', limit='mcp')
 def mcp_endpoint():
-    """MCP over Streamable HTTP: the caller's Bearer token checked here, the request proxied to the MCP child. Only
-    POST: a stateless server opens no stream (GET) and ends no session (DELETE), so those are 405 here."""
+    """MCP over Streamable HTTP: the caller's Origin and Bearer token checked here, the request proxied to the MCP
+    child with every Mcp-* header. Only POST: a stateless server opens no stream (GET) and ends no session (DELETE),
+    so those are 405 here."""
+    refuse_other_sites()
     header = request.get_header('Authorization', '')
     scheme, _, token = header.partition(' ')
     if scheme.lower() != 'bearer' or not token.strip():
         raise unauthorized('MCP needs a token: send Authorization: Bearer <an API key or an OAuth access token>.')
     if account_for_key(service().db, token.strip()) is None:
         raise unauthorized('This token is not a live API key or access token of this service.', 'invalid_token')
-    body = read_raw_body()
+    try:
+        body = read_raw_body()
+    except BodyTooLarge:
+        return too_large_answer()
     svc = service()
     url = child_of(svc).ensure(request.environ.get('SERVER_PORT') or svc.settings.port)
-    headers = {name: request.get_header(name) for name in PASSED_HEADERS if request.get_header(name) is not None}
+    headers = passed_headers(request.environ)
     headers[RELAY_HEADER] = client_ip()     # the child passes it back, signed, on the API calls it makes
     try:
         answer = requests.request(request.method, url, data=body, headers=headers, timeout=CHILD_TIMEOUT,
@@ -140,16 +243,15 @@ def mcp_endpoint():
         return {'error': 'The MCP server is starting or failed; retry in a moment.', 'code': 'unavailable',
                 'status': 503}
     response.status = answer.status_code
-    for name in ANSWER_HEADERS:
-        if name in answer.headers:
-            response.set_header(name, answer.headers[name])
+    for name, value in answer_headers(answer.headers).items():
+        response.set_header(name, value)
     if answer.status_code >= 400 and not answer.headers.get('Content-Type', '').startswith('application/json'):
         # the SDK's refusals of the HTTP request itself (a Content-Type or Accept it does not take) are words:
         # answered as every error of this API is
         response.content_type = 'application/json'
         words = answer.content.decode('utf-8', 'replace').strip()[:500] or 'The MCP server refused the request.'
         return {'error': f'MCP: {words}', 'status': answer.status_code,
-                'code': {400: 'bad_request', 405: 'method_not_allowed', 406: 'not_acceptable',
+                'code': {400: 'bad_request', 403: 'forbidden', 405: 'method_not_allowed', 406: 'not_acceptable',
                          415: 'unsupported_media_type'}.get(answer.status_code, 'bad_request')}
     return answer.content
 

@@ -510,6 +510,8 @@ CREATE TABLE IF NOT EXISTS a2a_tasks (
     created_at  TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS a2a_tasks_created ON a2a_tasks(created_at);
+-- An account keeps its 100 newest tasks (CONTRACT 25): each new task finds the account's others by this index.
+CREATE INDEX IF NOT EXISTS a2a_tasks_account ON a2a_tasks(account_id, created_at);
 
 -- The read cache's generation: one number that every write which could change a cached answer (a job, a claim, a
 -- payment, an agent, a dispute...) advances in its own transaction, by the triggers marketplace.py makes for each

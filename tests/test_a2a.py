@@ -7,6 +7,7 @@ docs/agents.md's example ("Connect an agent") is run here as written."""
 import asyncio
 import json
 import re
+import sqlite3
 import subprocess
 import sys
 
@@ -144,3 +145,75 @@ def test_the_readmes_a2a_example_runs_as_written(server, tmp_path):
                           env={'MARKETPLACE_URL': server.url, 'MARKETPLACE_API_KEY': new_key(server, 'readme')})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[0] == 'TASK_STATE_COMPLETED'
+
+
+def new_account(server, name):
+    """(the account's id, its key)."""
+    answer = requests.post(f'{server.url}/api/accounts', json={'name': name}, timeout=TIMEOUT)
+    assert answer.status_code == 201, answer.text
+    return answer.json()['account']['id'], answer.json()['apiKey']
+
+
+def send(server, key, request):
+    """POST /message:send with a SendMessageRequest in protobuf's JSON mapping: the answered task (as JSON)."""
+    answer = requests.post(f'{server.url}/message:send', data=json.dumps(json_format.MessageToDict(request)),
+                           headers={'Authorization': f'Bearer {key}', 'Content-Type': 'application/json'},
+                           timeout=TIMEOUT)
+    assert answer.status_code == 200, answer.text
+    return answer.json()['task']
+
+
+def stored_tasks(server, account_id):
+    """The a2a_tasks rows of an account, as the server's database holds them: {task id: the stored JSON}."""
+    with sqlite3.connect(f'file:{server.db}?mode=ro', uri=True) as db:
+        return dict(db.execute('SELECT id, task FROM a2a_tasks WHERE account_id = ?', (account_id,)).fetchall())
+
+
+def test_a_task_keeps_at_most_4_kib_of_the_callers_message(server):
+    """40 messages of 1 MiB (the body limit) naming a real skill: each runs, and each stored task keeps the skill's
+    data part whole and the beginning of the text, cut with a marker, within 4 KiB of message."""
+    account_id, key = new_account(server, 'a2a-megabytes')
+    request = message('service_health', {})
+    request.message.parts.add(text='')
+    request.message.parts[1].text = 'w' * (1024 * 1024 - len(json.dumps(json_format.MessageToDict(request))))
+    assert len(json.dumps(json_format.MessageToDict(request))) == 1024 * 1024
+    ids = [send(server, key, request)['id'] for _ in range(40)]
+    stored = stored_tasks(server, account_id)
+    assert sorted(stored) == sorted(ids)
+    for task_id, raw in stored.items():
+        task = json.loads(raw)
+        assert task['status']['state'] == 'TASK_STATE_COMPLETED'
+        [kept] = task['history']
+        assert len(json.dumps(kept)) <= 4096
+        data, text = kept['parts']
+        assert data == {'data': {'skill': 'service_health', 'input': {}}}
+        assert re.fullmatch(r'w+ \[cut: (\d+) more characters not kept\]', text['text'])
+        shown = len(text['text']) - len(text['text'].lstrip('w'))
+        assert shown + int(re.search(r'cut: (\d+)', text['text']).group(1)) == len(request.message.parts[1].text)
+        assert len(raw) < 8192      # the rest: the skill's answer (the health) and the status
+        back = requests.get(f'{server.url}/tasks/{task_id}', headers={'Authorization': f'Bearer {key}'},
+                            timeout=TIMEOUT)
+        assert back.status_code == 200 and back.json() == task
+
+
+def test_an_account_keeps_its_100_newest_tasks(server):
+    account_id, key = new_account(server, 'a2a-many')
+    ids = [send(server, key, message('service_health', {}))['id'] for _ in range(104)]
+    stored = stored_tasks(server, account_id)
+    assert sorted(stored) == sorted(ids[4:])
+    headers = {'Authorization': f'Bearer {key}'}
+    for task_id, status in ((ids[0], 404), (ids[3], 404), (ids[4], 200), (ids[-1], 200)):
+        assert requests.get(f'{server.url}/tasks/{task_id}', headers=headers, timeout=TIMEOUT).status_code == status
+
+
+def test_a_message_naming_no_skill_is_answered_and_not_stored(server):
+    account_id, key = new_account(server, 'a2a-no-skill')
+    nothing = a2a.SendMessageRequest(message=a2a.Message(message_id='m-2', role=a2a.ROLE_USER,
+                                                         parts=[a2a.Part(text='x' * 500_000)]))
+    for request in (nothing, message('drain_escrow', {'all': True})):
+        task = send(server, key, request)
+        assert task['status']['state'] == 'TASK_STATE_FAILED'
+        assert 'service_health' in task['status']['message']['parts'][0]['text']
+        assert requests.get(f'{server.url}/tasks/{task["id"]}', headers={'Authorization': f'Bearer {key}'},
+                            timeout=TIMEOUT).status_code == 404
+    assert stored_tasks(server, account_id) == {}

@@ -152,11 +152,17 @@ def test_every_route_answers_errors_as_json(app):
                                           401, 'unauthorized', where)
                 assert header(headers, 'WWW-Authenticate').split(' ')[0] == 'Bearer'
 
-            # A body over 1 MiB: 413, whatever the route.
+            # A body over 1 MiB: 413, whatever the route (at /mcp, read whole, a JSON-RPC error with the same code
+            # and status: CONTRACT 25).
             huge = b'{"name": "' + b'x' * mp.MAX_BODY + b'"}'
-            assert_error(call(app, method, concrete, huge, key=key), 413, 'body_too_large', where)
-            assert_error(call(app, method, concrete, b' ' * (mp.MAX_BODY + 1), key=key),
-                         413, 'body_too_large', where)
+            for raw in (huge, b' ' * (mp.MAX_BODY + 1)):
+                if path == '/mcp':
+                    status, headers, body = call(app, method, concrete, raw, key=key)
+                    assert header(headers, 'Content-Type') == JSON_TYPE, (where, headers)
+                    assert (status, body['code'], body['status'], body['error']['code']) == \
+                        (413, 'body_too_large', 413, -32600), (where, body)
+                else:
+                    assert_error(call(app, method, concrete, raw, key=key), 413, 'body_too_large', where)
 
             if path not in NO_BODY | OWN_ERRORS:
                 target, target_key = body_target(app, path)

@@ -366,3 +366,30 @@ def test_rate_limits_off(client, real_clock):
         answer = client.get('/api/jobs')
         assert answer.status == 200
         assert {name.lower() for name in answer.headers} & {'x-ratelimit-limit', 'retry-after'} == set()
+
+
+def test_a2a_messages_have_a_class_of_their_own_at_120_an_hour_per_key(tmp_path, real_clock):
+    """POST /message:send and /message:stream (each may store a task) are counted in the class `a2a`: 120 an hour per
+    key at the default --keyed-rate-scale of 10, each endpoint on its own, apart from the other classes (MCP's 600
+    per key, reads) and from another key."""
+    real_clock.set(START)
+    app = build(tmp_path, keyed_rate_scale=10.0)
+    try:
+        call = Caller(app)
+        first, second = (mp.create_account(app.service.db, name)[1] for name in ('first', 'second'))
+        sent = {'message': {'messageId': 'm-1', 'role': 'ROLE_USER', 'parts': [{'text': 'hello'}]}}
+        assert mp.RATE_LIMITS['a2a'] * mp.Settings().keyed_rate_scale == 120
+        answers = use_up(call, 120, 'POST', '/message:send', sent, key=first)
+        assert [header(answers[n], 'X-RateLimit-Remaining') for n in (0, 119)] == ['119', '0']
+        assert header(answers[0], 'X-RateLimit-Limit') == '120'
+        assert_limited(call('POST', '/message:send', sent, key=first), 120, 1200)
+        streamed = call('POST', '/message:stream', sent, key=first)
+        assert (streamed[0], header(streamed, 'X-RateLimit-Remaining')) == (200, '119')
+        assert header(call('POST', '/message:send', sent, key=second), 'X-RateLimit-Remaining') == '119'
+        assert header(call('POST', '/mcp', {}, key=first), 'X-RateLimit-Limit') == '6000'
+        assert header(call('GET', '/api/jobs', key=first), 'X-RateLimit-Remaining') == '599'
+        mp.CLOCK.advance(minutes=20)                    # 17:00:00, a new window
+        answer = call('POST', '/message:send', sent, key=first)
+        assert (answer[0], header(answer, 'X-RateLimit-Remaining')) == (200, '119')
+    finally:
+        app.service.close()
