@@ -79,6 +79,7 @@ MIGRATIONS = {
             add_missing_column(db, 'payments', 'executable_at', 'TEXT')),
     },
     11: {},     # agents connect by URL (CONTRACT 22): schema.sql adds the oauth_ tables and a2a_tasks, nothing else
+    12: {},     # OAuth round 4 (CONTRACT 25): schema.sql adds the indexes by which never-approved clients are deleted
 }
 
 

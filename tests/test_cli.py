@@ -571,7 +571,7 @@ def test_a_version_8_database_takes_held_escrow_and_keeps_its_rows(tmp_path):
     conn.close()
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 11
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 12
     assert [tuple(row.values()) for row in db.rows('SELECT id, status, escrow_status FROM jobs ORDER BY id')] == jobs
     assert db.value('PRAGMA integrity_check') == 'ok' and db.value('PRAGMA foreign_key_check') is None
     assert mp.ledger_problems(db) == []
@@ -616,7 +616,7 @@ def test_a_version_4_database_takes_pending_jobs_and_keeps_its_rows(tmp_path):
     conn.close()
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 11
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 12
     assert [tuple(row.values()) for row in db.rows('SELECT id, status, escrow_status FROM jobs ORDER BY id')] == jobs
     assert db.value('PRAGMA integrity_check') == 'ok' and db.value('PRAGMA foreign_key_check') is None
     job = jobs[0][0]
@@ -672,7 +672,7 @@ def test_a_version_3_database_keeps_its_arbitrators_and_votes_and_agent_arbitrat
     assert votes and any(agent for _, agent, _ in before) and any(not agent for _, agent, _ in before)
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 11
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 12
     after = [tuple(row.values()) for row in db.rows('SELECT id, agent_id IS NOT NULL, status, trusted FROM arbitrators ORDER BY id')]
     assert after == [(id_, agent, 'pending' if agent and status == 'active' else status, 0)
                      for id_, agent, status in before]
@@ -720,7 +720,7 @@ def test_a_version_2_database_gains_job_counts_of_its_jobs_and_the_list_indexes(
     assert len(counted) >= 5 and {status for _, status, _ in counted} >= {'open', 'completed', 'rejected'}
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 11
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 12
     assert [tuple(row.values()) for row in db.rows('SELECT category, status, jobs FROM job_counts ORDER BY 1, 2')] \
         == counted
     indexes = {row['name'] for row in db.rows("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'jobs'")}
@@ -735,7 +735,7 @@ def test_a_new_database_gets_the_schema_without_migrations(tmp_path):
     not_sql = {'before': 'THIS IS NOT SQL'}
     db.migrate(mp.SCHEMA_SQL, {2: not_sql, 3: not_sql, 4: not_sql, 5: not_sql, 6: not_sql,
                                9: not_sql})     # a new database runs no migration
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 11
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 12
     db.close()
 
 
@@ -752,7 +752,7 @@ def test_migration_9_gives_x402_payments_their_call_digest(tmp_path):
                                     'asset': 'USDC', 'payer': '0xpayer', 'amount': 10_000, 'tx_hash': '0xtx',
                                     'status': 'confirmed', 'created_at': mp.now_iso()})
     db.migrate()
-    assert db.value('PRAGMA user_version') == 11
+    assert db.value('PRAGMA user_version') == 12
     assert db.row('SELECT id, call_digest, granted_at FROM x402_payments') == \
         {'id': 'p1', 'call_digest': None, 'granted_at': None}
     assert db.value("SELECT count(*) FROM sqlite_schema WHERE name = 'x402_payments_tx'") == 1
@@ -771,7 +771,7 @@ def test_migration_10_takes_reclaims_escrow_calls_and_deposits_and_keeps_its_row
         db.conn.execute('PRAGMA user_version = 9')
     payments = db.rows('SELECT id, type, amount FROM payments ORDER BY seq')
     db.migrate()
-    assert db.value("PRAGMA user_version") == 11 and len(payments) == 13
+    assert db.value("PRAGMA user_version") == 12 and len(payments) == 13
     assert db.rows('SELECT id, type, amount FROM payments ORDER BY seq') == payments
     assert db.value('SELECT count(*) FROM payments WHERE call_id IS NOT NULL OR executable_at IS NOT NULL') == 0
     assert db.value('SELECT count(*) FROM jobs WHERE escrow_deposit_id IS NOT NULL') == 0
@@ -832,7 +832,7 @@ def test_a_version_5_database_keeps_the_hashes_of_its_signed_payouts(tmp_path):
     db.close()
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 11
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 12
     assert db.rows('SELECT tx_hash, source, payment_id, nonce, raw_tx FROM signed_transactions') == \
         [{'tx_hash': '0x' + 'ab' * 32, 'source': 'payments', 'payment_id': 'p1', 'nonce': 4, 'raw_tx': '0x02f8'}]
     db.close()
@@ -864,7 +864,7 @@ def test_a_version_8_database_ends_its_sessions_and_demotes_the_retired_env_admi
     db.close()
     db = mp.Database(path)
     db.migrate()
-    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 11
+    assert db.value('PRAGMA user_version') == mp.SCHEMA_VERSION == 12
     assert db.value('SELECT count(*) FROM sessions') == 0
     assert 'key_id' in [row['name'] for row in db.rows("SELECT name FROM pragma_table_info('sessions')")]
     assert [(row['name'], row['role']) for row in db.rows('SELECT name, role FROM accounts ORDER BY name')] == \
