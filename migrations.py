@@ -80,7 +80,8 @@ MIGRATIONS = {
     },
     11: {},     # agents connect by URL (CONTRACT 22): schema.sql adds the oauth_ tables and a2a_tasks, nothing else
     12: {       # round 4 (CONTRACT 25): why a job needs an admin, a claim's co-signed Release, why a payment failed and
-                # who made it, a relayed deposit's payer; schema.sql adds escrow_events and the one-relay-a-payer index
+                # who made it, a relayed deposit's payer; schema.sql adds escrow_events, the one-relay-a-payer index
+                # and the indexes by which never-approved OAuth clients are deleted
         'before': lambda db: (
             add_missing_column(db, 'jobs', 'needs_admin', 'TEXT'),
             add_missing_column(db, 'claims', 'release_authorization', 'TEXT'),

@@ -18,15 +18,16 @@ from urllib.parse import urlencode, urlsplit
 
 from authlib.oauth2 import AuthorizationServer, OAuth2Request
 from authlib.oauth2.rfc6749 import ClientMixin, grants
-from authlib.oauth2.rfc6749.errors import InsecureTransportError, OAuth2Error
+from authlib.oauth2.rfc6749.errors import (InsecureTransportError, InvalidGrantError, InvalidRequestError,
+                                            OAuth2Error)
 from authlib.oauth2.rfc6749.requests import OAuth2Payload
 from authlib.oauth2.rfc6750 import BearerTokenGenerator
 from authlib.oauth2.rfc7591 import ClientRegistrationEndpoint
 from authlib.oauth2.rfc7636 import CodeChallenge
-from bottle import HTTPResponse, request
+from bottle import HTTPResponse, request, response
 
-from marketplace import (ACCESS_TOKEN_PREFIX, APIError, NotFound, hash_key, iso, new_id, now, now_iso, read_raw_body,
-                         route, service)
+from marketplace import (ACCESS_TOKEN_PREFIX, APIError, Forbidden, NotFound, hash_key, iso, new_id, now, now_iso,
+                         read_raw_body, route, service)
 from pages import browser_route, posted_form, render, require_viewer, see_other, session_viewer
 
 ACCESS_SECONDS = 3600               # an access token lives an hour
@@ -36,20 +37,49 @@ REFRESH_PREFIX = 'mrt_'
 MAX_REDIRECT_URIS = 10
 MAX_CLIENT_NAME = 100
 SCOPES = ['marketplace']            # the only scope, which may be left out: a token acts as its account, as a key
+UNAPPROVED_CLIENT_LIFETIME = timedelta(hours=24)     # a client never approved is deleted after a day
 
 
 def redirect_uri_problem(uri):
     """Why a redirect URI may not be registered (OAuth 2.1: https, or http to a loopback address), or None."""
     if not isinstance(uri, str) or len(uri) > 2000:
         return 'must be a URI of at most 2000 characters'
+    if any(char <= ' ' or char == '\x7f' for char in uri):
+        return 'must have no spaces or control characters'
     parts = urlsplit(uri)
     if parts.fragment or '#' in uri:
         return 'must have no fragment'
+    if '@' in parts.netloc:
+        return 'must have no user name or password (the approval page shows the host a person is sent to)'
     if parts.scheme == 'https' and parts.hostname:
         return None
     if parts.scheme == 'http' and parts.hostname in ('127.0.0.1', '::1', 'localhost'):
         return None
     return 'must be https, or http to a loopback address (127.0.0.1, [::1] or localhost)'
+
+
+# RFC 7591's metadata by the JSON type it must have; a localized name (`client_name#fr`) is text as its field is.
+TEXT_METADATA = ('client_name', 'token_endpoint_auth_method', 'scope', 'client_uri', 'logo_uri', 'tos_uri',
+                 'policy_uri', 'jwks_uri', 'software_id', 'software_version', 'software_statement')
+TEXT_LIST_METADATA = ('redirect_uris', 'grant_types', 'response_types', 'contacts')
+OBJECT_METADATA = ('jwks',)
+
+
+def metadata_type_problems(data):
+    """What in a registration's JSON body is not of its field's type (text, a list of text, an object; a null is
+    none of them), by field: checked before authlib reads the metadata, which fails on a number where text
+    belongs."""
+    problems = {}
+    for name, value in data.items():
+        field = name.split('#', 1)[0]
+        if field in TEXT_METADATA and not isinstance(value, str):
+            problems[name] = 'must be a string'
+        elif field in TEXT_LIST_METADATA and not (isinstance(value, list)
+                                                   and all(isinstance(item, str) for item in value)):
+            problems[name] = 'must be a list of strings'
+        elif field in OBJECT_METADATA and not isinstance(value, dict):
+            problems[name] = 'must be an object'
+    return problems
 
 
 class Client(ClientMixin):
@@ -140,10 +170,7 @@ class CodeGrant(grants.AuthorizationCodeGrant):
         return Code(row) if row['expires_at'] > now_iso() else None
 
     def delete_authorization_code(self, authorization_code):
-        db = service().db
-        with db.transaction():
-            db.execute('UPDATE oauth_codes SET used_at = :now WHERE code_hash = :h',
-                       {'now': now_iso(), 'h': authorization_code.row['code_hash']})
+        """Nothing: the code was spent by Server.save_token, in the transaction that stored its tokens."""
 
     def authenticate_user(self, authorization_code):
         return {'grant_id': authorization_code.row['grant_id']}
@@ -172,10 +199,7 @@ class RefreshGrant(grants.RefreshTokenGrant):
         return {'grant_id': refresh_token.row['grant_id']}
 
     def revoke_old_credential(self, refresh_token):
-        db = service().db
-        with db.transaction():
-            db.execute('UPDATE oauth_tokens SET revoked_at = :now WHERE token_hash = :h AND revoked_at IS NULL',
-                       {'now': now_iso(), 'h': refresh_token.row['token_hash']})
+        """Nothing: the refresh token was spent by Server.save_token, in the transaction that stored the new ones."""
 
 
 class Registration(ClientRegistrationEndpoint):
@@ -192,17 +216,29 @@ class Registration(ClientRegistrationEndpoint):
     def get_server_metadata(self):
         return server_metadata()
 
+    def extract_client_metadata(self, oauth_request):
+        """The registered metadata, each field of its type first (metadata_type_problems): a body of the wrong
+        types is invalid_client_metadata, never a failure inside authlib."""
+        problems = metadata_type_problems(oauth_request.payload.data)
+        if problems:
+            raise InvalidClientMetadata(problems)
+        try:
+            return super().extract_client_metadata(oauth_request)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:    # jwks: an object, but not a key set
+            raise InvalidClientMetadata({'metadata': f'is not valid ({type(error).__name__})'}) from None
+
     def save_client(self, client_info, client_metadata, oauth_request):
         uris = client_metadata.get('redirect_uris') or []
         problems = {f'redirect_uris[{index}]': redirect_uri_problem(uri) for index, uri in enumerate(uris)
                     if redirect_uri_problem(uri)}
         if not uris or len(uris) > MAX_REDIRECT_URIS or problems:
             raise InvalidClientMetadata(problems or {'redirect_uris': f'1 to {MAX_REDIRECT_URIS} are required'})
-        name = str(client_metadata.get('client_name') or 'An unnamed MCP host')[:MAX_CLIENT_NAME]
-        db = service().db
+        name = (client_metadata.get('client_name') or 'An unnamed MCP host')[:MAX_CLIENT_NAME]
+        db, moment = service().db, now()
         with db.transaction():
+            forget_unapproved_clients(db, moment)
             db.insert('oauth_clients', {'client_id': client_info['client_id'], 'name': name,
-                                        'redirect_uris': json.dumps(uris), 'created_at': now_iso()})
+                                        'redirect_uris': json.dumps(uris), 'created_at': iso(moment)})
         return Client({'client_id': client_info['client_id'], 'name': name, 'redirect_uris': json.dumps(uris)})
 
     def generate_client_info(self, oauth_request):
@@ -241,19 +277,31 @@ class Server(AuthorizationServer):
         return Client(row) if row else None
 
     def save_token(self, token, oauth_request):
-        """The tokens issued, as hashes; the grant's `used_at` moves on; codes and tokens long expired go."""
+        """The tokens issued, as hashes, in the transaction whose first write spends what paid for them (the code,
+        or the refresh token); the grant's `used_at` moves on; codes and tokens long expired go. Already spent (the
+        same code or refresh token sent twice at once: both were read unspent), nothing is stored, the grant is
+        revoked with what the first use issued, and the answer is invalid_grant."""
         db, grant_id, moment = service().db, oauth_request.user['grant_id'], now()
         with db.transaction():
-            for kind, value, expires in (('access', token['access_token'], timedelta(seconds=ACCESS_SECONDS)),
-                                         ('refresh', token.get('refresh_token'), timedelta(days=REFRESH_DAYS))):
-                if value:
-                    db.insert('oauth_tokens', {'token_hash': hash_key(value), 'grant_id': grant_id, 'kind': kind,
-                                               'expires_at': iso(moment + expires), 'revoked_at': None,
-                                               'created_at': iso(moment)})
-            db.execute('UPDATE oauth_grants SET used_at = :now WHERE id = :id', {'now': iso(moment), 'id': grant_id})
-            # what expired over a day ago is forgotten (a refresh token used twice is caught until it expires)
-            for table in ('oauth_codes', 'oauth_tokens'):
-                db.execute(f'DELETE FROM {table} WHERE expires_at < :old', {'old': iso(moment - timedelta(days=1))})
+            spent = spend(db, oauth_request, moment)
+            if not spent:
+                db.execute('UPDATE oauth_grants SET revoked_at = coalesce(revoked_at, :now) WHERE id = :id',
+                           {'now': iso(moment), 'id': grant_id})
+            else:
+                for kind, value, expires in (('access', token['access_token'], timedelta(seconds=ACCESS_SECONDS)),
+                                             ('refresh', token.get('refresh_token'), timedelta(days=REFRESH_DAYS))):
+                    if value:
+                        db.insert('oauth_tokens', {'token_hash': hash_key(value), 'grant_id': grant_id,
+                                                   'kind': kind, 'expires_at': iso(moment + expires),
+                                                   'revoked_at': None, 'created_at': iso(moment)})
+                db.execute('UPDATE oauth_grants SET used_at = :now WHERE id = :id',
+                           {'now': iso(moment), 'id': grant_id})
+                # what expired over a day ago is forgotten (a refresh token used twice is caught until it expires)
+                for table in ('oauth_codes', 'oauth_tokens'):
+                    db.execute(f'DELETE FROM {table} WHERE expires_at < :old',
+                               {'old': iso(moment - timedelta(days=1))})
+        if not spent:
+            raise InvalidGrantError('This code or refresh token was used already: its grant is revoked.')
 
     def create_oauth2_request(self, fields=None):
         return fields if isinstance(fields, OAuth2Request) else bottle_request(fields)
@@ -275,7 +323,6 @@ class S256Only(CodeChallenge):
 
     def validate_code_challenge(self, grant, redirect_uri):
         if grant.request.payload.data.get('code_challenge_method') != 'S256':
-            from authlib.oauth2.rfc6749.errors import InvalidRequestError
             raise InvalidRequestError("PKCE is required: code_challenge with code_challenge_method 'S256'.")
         return super().validate_code_challenge(grant, redirect_uri)
 
@@ -343,6 +390,32 @@ def revoke_grant(db, grant_id):
     with db.transaction():
         db.execute('UPDATE oauth_grants SET revoked_at = coalesce(revoked_at, :now) WHERE id = :id',
                    {'now': now_iso(), 'id': grant_id})
+
+
+def forget_unapproved_clients(db, moment):
+    """Delete, in the caller's transaction, the clients registered over a day ago that were never approved (no
+    grant of theirs ever exchanged its code), with those grants and their codes (an approval whose code was never
+    exchanged, dead since its minute passed); how many clients. Registration calls it, so the table holds no more
+    never-approved clients than one day's registrations."""
+    old = {'old': iso(moment - UNAPPROVED_CLIENT_LIFETIME)}
+    db.execute('''DELETE FROM oauth_codes WHERE grant_id IN
+                      (SELECT id FROM oauth_grants WHERE used_at IS NULL AND created_at < :old)''', old)
+    db.execute('DELETE FROM oauth_grants WHERE used_at IS NULL AND created_at < :old', old)
+    return db.execute('''DELETE FROM oauth_clients WHERE created_at < :old
+                         AND NOT EXISTS (SELECT 1 FROM oauth_grants g WHERE g.client_id = oauth_clients.client_id)''',
+                      old)
+
+
+def spend(db, oauth_request, moment):
+    """Spend the code or the refresh token that pays for this token request, inside the caller's transaction: an
+    UPDATE that only an unspent one passes, so of two requests that both read it unspent, one spends it. False when
+    it was spent already."""
+    if oauth_request.authorization_code is not None:
+        return db.execute('UPDATE oauth_codes SET used_at = :now WHERE code_hash = :h AND used_at IS NULL',
+                          {'now': iso(moment), 'h': oauth_request.authorization_code.row['code_hash']}) == 1
+    return db.execute('''UPDATE oauth_tokens SET revoked_at = :now
+                         WHERE token_hash = :h AND kind = 'refresh' AND revoked_at IS NULL''',
+                      {'now': iso(moment), 'h': oauth_request.refresh_token.row['token_hash']}) == 1
 
 
 def the_server():
@@ -417,42 +490,69 @@ def validated(fields, account):
                        code=error.error) from None
 
 
+ADMIN_REFUSAL = ("An admin's session cannot approve an MCP host: a host approved here would act as an admin. Sign "
+                 "in with a member account's API key to connect a host.")
+
+
+def redirect_host(uri):
+    """The host (and port) of a redirect URI, as the approval page shows it in large type."""
+    parts = urlsplit(uri)
+    return f'{parts.hostname}:{parts.port}' if parts.port else (parts.hostname or '')
+
+
 @browser_route('GET', '/oauth/authorize')
 def authorize_page():
-    """The person approves or denies an MCP host: signed in first (then back here), the host's name and where it
-    will be sent shown."""
+    """The person approves or denies an MCP host: signed in first (then back here), the host's name shown as what
+    it calls itself (registered by itself, not verified) and the host it will be sent to in large type. An admin's
+    session is shown the page with the refusal instead of the buttons (403)."""
     fields = authorization_fields(request.query)
     _, account = session_viewer()
     if account is None:
         see_other('/signin?' + urlencode({'next': request.fullpath + ('?' + request.query_string
                                                                        if request.query_string else '')}))
     grant = validated(fields, account)
-    return render('authorize', title='Connect an MCP host', client=grant.client.row,
-                  redirect_uri=fields['redirect_uri'][0] if 'redirect_uri' in fields else '',
+    refusal = ADMIN_REFUSAL if account['role'] == 'admin' else None
+    if refusal:
+        response.status = 403
+    redirect_uri = fields['redirect_uri'][0] if 'redirect_uri' in fields else ''
+    return render('authorize', title='Connect an MCP host', client=grant.client.row, redirect_uri=redirect_uri,
+                  redirect_host=redirect_host(redirect_uri), refusal=refusal,
                   fields={name: values[0] for name, values in fields.items()})
 
 
 @browser_route('POST', '/oauth/authorize', limit='signin')
 def authorize_decision():
-    """Approve (a code sent to the host's redirect URI) or deny (access_denied sent there)."""
+    """Approve (a code for the host) or deny (access_denied for it); an admin's session is refused (403). The
+    answer is a page of this site that sends the browser on to the host's redirect URI (a meta refresh, and a
+    link), not a redirect: the pages' Content-Security-Policy (form-action 'self') stops a form's redirect to
+    another origin in Chromium, which left the host without its code."""
     account = require_viewer()
     form = posted_form()
     fields = authorization_fields(form)
     grant = validated(fields, account)
+    if account['role'] == 'admin':
+        raise Forbidden(ADMIN_REFUSAL, code='admin_cannot_approve')
     approval = None
     if form.get('decision') == 'approve':
         approval = {'grant_id': new_id(), 'account_id': account['id'], 'key_id': session_key_id()}
-    return the_server().create_authorization_response(request=bottle_request(fields), grant_user=approval,
-                                                      grant=grant)
+    answer = the_server().create_authorization_response(request=bottle_request(fields), grant_user=approval,
+                                                        grant=grant)
+    location = answer.headers.get('Location')
+    if answer.status_code != 302 or not location:
+        return answer
+    return render('authorize_sent', title='Back to the host', location=location, approved=approval is not None,
+                  redirect_host=redirect_host(location))
 
 
 @browser_route('GET', '/my/connections')
 def connections_page():
-    """The MCP hosts the signed-in person connected, and a button to disconnect each."""
+    """The MCP hosts the signed-in person connected (a grant whose code was exchanged: an approval the host never
+    got its token for is not a connection), and a button to disconnect each."""
     account = require_viewer()
     grants = service().db.rows('''SELECT g.id, g.created_at, g.used_at, c.name, c.redirect_uris FROM oauth_grants g
                                   JOIN oauth_clients c ON c.client_id = g.client_id
-                                  WHERE g.account_id = :id AND g.revoked_at IS NULL ORDER BY g.created_at DESC''',
+                                  WHERE g.account_id = :id AND g.revoked_at IS NULL AND g.used_at IS NOT NULL
+                                  ORDER BY g.created_at DESC''',
                                {'id': account['id']})
     return render('connections', title='My connections', grants=grants)
 

@@ -484,6 +484,10 @@ CREATE TABLE IF NOT EXISTS oauth_grants (
     revoked_at    TEXT
 );
 CREATE INDEX IF NOT EXISTS oauth_grants_account ON oauth_grants(account_id, created_at);
+-- registration deletes the clients never approved a day after they registered (oauth.forget_unapproved_clients):
+-- found by their time, and each checked for grants (as the foreign key is on delete) by its client_id
+CREATE INDEX IF NOT EXISTS oauth_clients_created ON oauth_clients(created_at);
+CREATE INDEX IF NOT EXISTS oauth_grants_client ON oauth_grants(client_id);
 CREATE TABLE IF NOT EXISTS oauth_codes (
     code_hash      TEXT PRIMARY KEY,
     grant_id       TEXT NOT NULL REFERENCES oauth_grants(id),

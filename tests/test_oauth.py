@@ -12,6 +12,8 @@ import secrets
 import sqlite3
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import anyio.from_thread
@@ -23,7 +25,11 @@ from mcp.client.auth import OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientMetadata
 
-from conftest import ROOT, LiveServer, in_hours
+import marketplace as mp
+import wiring
+from conftest import ADMIN_KEY, ROOT, Client as AppClient, LiveServer, in_hours
+from test_pages import Page
+from test_pages_actions import Browser, sign_up
 from test_server import Output, stop
 
 TIMEOUT = 30
@@ -65,8 +71,8 @@ class Person:
         self.server, self.key, self.browser = server, key, requests.Session()
 
     def decide(self, authorize_url, decision='approve'):
-        """Open the authorization URL, sign in if sent there, then approve or deny: the answer (a redirect to the
-        host, not followed), or the page that refused."""
+        """Open the authorization URL, sign in if sent there, then approve or deny: the answer (the page that sends
+        the browser on to the host, see sent_to), or the page that refused."""
         page = self.browser.get(authorize_url, timeout=TIMEOUT)
         if urlsplit(page.url).path == '/signin':
             fields = hidden_fields(page.text, '/signin')
@@ -112,13 +118,21 @@ def register(server, redirect_uris=(CALLBACK,), name='Test host'):
 def authorize_url(server, client_id, challenge, redirect_uri=CALLBACK, **extra):
     query = {'response_type': 'code', 'client_id': client_id, 'redirect_uri': redirect_uri, 'state': 'xyz',
              'code_challenge': challenge, 'code_challenge_method': 'S256', **extra}
-    return f'{server.url}/oauth/authorize?{urlencode(query)}'
+    return f'{server.url if server else ""}/oauth/authorize?{urlencode(query)}'      # None: the path alone
+
+
+def sent_to(answer):
+    """Where the page that answers an approval or a denial sends the browser on to (its meta refresh, which its
+    "continue" link repeats): a page of this site, not a redirect (the pages' CSP: form-action 'self')."""
+    assert answer.status_code == 200 and 'Location' not in answer.headers, answer.text
+    location = html.unescape(re.search(r'<meta http-equiv="refresh" content="0; url=([^"]+)">', answer.text).group(1))
+    assert html.unescape(re.search(r'<a id="continue" href="([^"]+)"', answer.text).group(1)) == location
+    return location
 
 
 def code_of(answer, state='xyz'):
-    """The code of an approval's redirect to the host (its state checked, unless None: then (code, state))."""
-    assert answer.status_code == 302, answer.text
-    location = answer.headers['Location']
+    """The code an approval sends the host (its state checked, unless None: then (code, state))."""
+    location = sent_to(answer)
     assert location.startswith(CALLBACK + '?'), location
     query = parse_qs(urlsplit(location).query)
     if state is None:
@@ -127,14 +141,14 @@ def code_of(answer, state='xyz'):
     return query['code'][0]
 
 
-def exchange(server, client_id, code, verifier, redirect_uri=CALLBACK):
-    return requests.post(f'{server.url}/oauth/token', data={
+def exchange(server, client_id, code, verifier, redirect_uri=CALLBACK, http=requests):
+    return http.post(f'{server.url}/oauth/token', data={
         'grant_type': 'authorization_code', 'code': code, 'client_id': client_id, 'redirect_uri': redirect_uri,
         'code_verifier': verifier}, timeout=TIMEOUT)
 
 
-def refresh(server, client_id, token):
-    return requests.post(f'{server.url}/oauth/token', data={
+def refresh(server, client_id, token, http=requests):
+    return http.post(f'{server.url}/oauth/token', data={
         'grant_type': 'refresh_token', 'refresh_token': token, 'client_id': client_id}, timeout=TIMEOUT)
 
 
@@ -209,7 +223,8 @@ def test_approving_denying_and_revoking_on_the_connections_page(server):
     assert me(server, tokens['access_token']).status_code == 200
     person = Person(server, key)
     page = person.decide(authorize_url(server, client_id, pkce()[1]), decision='deny')
-    assert page.status_code == 302 and 'error=access_denied' in page.headers['Location']
+    denied = parse_qs(urlsplit(sent_to(page)).query)
+    assert (denied['error'], denied['state'], 'code' in denied) == (['access_denied'], ['xyz'], False)
     listing = person.browser.get(f'{server.url}/my/connections', timeout=TIMEOUT).text
     assert listing.count('<button type="submit" class="reject">Disconnect</button>') == 1
     grant = re.search(r'action="/my/connections/([^/]+)/revoke"', listing).group(1)
@@ -294,3 +309,198 @@ def test_revoking_the_key_that_approved_ends_its_grants(server):
     assert revoked.stdout.strip() == 'revoked', revoked.stderr
     assert me(server, tokens['access_token']).status_code == 401
     assert refresh(server, client_id, tokens['refresh_token']).json()['error'] == 'invalid_grant'
+
+
+# Round 4 (CONTRACT 25): codes and refresh tokens spent atomically, clients never approved forgotten, an approval
+# page that says who registered the host, no admin approvals, and registration bodies of the wrong types --------
+
+RACERS = 20
+
+
+def at_once(server, send, count=RACERS):
+    """`send(http)` from `count` threads released together, each on a connection of its own opened before: the
+    answers, in no order."""
+    barrier = threading.Barrier(count)
+
+    def one(_):
+        with requests.Session() as http:
+            assert http.get(f'{server.url}/api/health', timeout=TIMEOUT).status_code == 200
+            barrier.wait()
+            return send(http)
+
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(one, range(count)))
+
+
+def grant_row(server, client_id):
+    db = sqlite3.connect(server.db)
+    db.row_factory = sqlite3.Row
+    return db.execute('SELECT * FROM oauth_grants WHERE client_id = ?', (client_id,)).fetchone()
+
+
+def tokens_of(server, grant_id):
+    return sqlite3.connect(server.db).execute('SELECT kind, count(*) FROM oauth_tokens WHERE grant_id = ? '
+                                              'GROUP BY kind ORDER BY kind', (grant_id,)).fetchall()
+
+
+ROUNDS = 3      # a race each, on a new code or refresh token: an unfixed server lost one of three in every run tried
+
+
+def test_one_code_sent_20_times_at_once_gives_one_token_and_revokes_its_grant(server):
+    _, key = new_account(server, 'code-racer')
+    person = Person(server, key)
+    for _ in range(ROUNDS):
+        client_id = register(server).json()['client_id']
+        verifier, challenge = pkce()
+        code = code_of(person.decide(authorize_url(server, client_id, challenge)))
+        answers = at_once(server, lambda http: exchange(server, client_id, code, verifier, http=http))
+        issued = [answer.json() for answer in answers if answer.status_code == 200]
+        refused = [answer.json()['error'] for answer in answers if answer.status_code != 200]
+        assert (len(issued), refused) == (1, ['invalid_grant'] * (RACERS - 1))
+        grant = grant_row(server, client_id)
+        assert tokens_of(server, grant['id']) == [('access', 1), ('refresh', 1)]     # one pair stored, no more
+        # The code was used again: the grant is revoked, and the one token it gave with it.
+        assert grant['revoked_at'] is not None
+        assert me(server, issued[0]['access_token']).status_code == 401
+        assert refresh(server, client_id, issued[0]['refresh_token']).json()['error'] == 'invalid_grant'
+
+
+def test_one_refresh_token_sent_20_times_at_once_gives_one_token_and_revokes_its_grant(server):
+    _, key = new_account(server, 'refresh-racer')
+    for _ in range(ROUNDS):
+        client_id, tokens = approved_tokens(server, key)
+        answers = at_once(server, lambda http: refresh(server, client_id, tokens['refresh_token'], http=http))
+        issued = [answer.json() for answer in answers if answer.status_code == 200]
+        refused = [answer.json()['error'] for answer in answers if answer.status_code != 200]
+        assert (len(issued), refused) == (1, ['invalid_grant'] * (RACERS - 1))
+        grant = grant_row(server, client_id)
+        assert tokens_of(server, grant['id']) == [('access', 2), ('refresh', 2)]     # the first pair and one more
+        assert grant['revoked_at'] is not None
+        for token in (tokens['access_token'], issued[0]['access_token']):
+            assert me(server, token).status_code == 401
+        assert refresh(server, client_id, issued[0]['refresh_token']).json()['error'] == 'invalid_grant'
+
+
+def test_the_approval_page_says_the_host_registered_itself_and_shows_where_it_is_sent(server):
+    _, key = new_account(server, 'careful-person')
+    client_id = register(server, ['https://claude-desktop.example:8443/callback'],
+                         name='Claude Desktop (official)').json()['client_id']
+    person = Person(server, key)
+    url = authorize_url(server, client_id, pkce()[1], redirect_uri='https://claude-desktop.example:8443/callback')
+    page = person.browser.get(url, timeout=TIMEOUT)
+    page = person.browser.post(f'{server.url}/signin', data=dict(hidden_fields(page.text, '/signin'), apiKey=key),
+                               timeout=TIMEOUT)
+    assert page.status_code == 200
+    assert '<p class="unverified"><strong>Registered by itself, not verified.</strong>' in page.text
+    assert 'A host that calls itself “Claude Desktop (official)” asks to act as you' in page.text
+    assert '<p class="redirect-host" id="redirect-host">claude-desktop.example:8443</p>' in page.text
+    assert 'action="/oauth/authorize"' in page.text
+
+
+def test_an_admins_session_cannot_approve_a_host(server):
+    client_id = register(server, name='Claude Desktop (official)').json()['client_id']
+    admin = Person(server, ADMIN_KEY)
+    url = authorize_url(server, client_id, pkce()[1])
+    page = admin.decide(url)            # signs in as the admin: the page refuses, with no buttons to press
+    assert page.status_code == 403
+    assert "An admin&#039;s session cannot approve an MCP host" in page.text
+    assert 'action="/oauth/authorize"' not in page.text and 'value="approve"' not in page.text
+    # ... and the POST the page does not offer is refused too: no grant, no code.
+    fields = {name: values[0] for name, values in parse_qs(urlsplit(url).query).items()}
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+    for decision in ('approve', 'deny'):
+        answer = admin.browser.post(f'{server.url}/oauth/authorize', data=dict(fields, csrf=csrf, decision=decision),
+                                    allow_redirects=False, timeout=TIMEOUT)
+        assert answer.status_code == 403 and 'Location' not in answer.headers
+        assert "An admin&#039;s session cannot approve an MCP host" in answer.text
+    assert grant_row(server, client_id) is None
+
+
+GOOD_METADATA = {'redirect_uris': [CALLBACK], 'client_name': 'Typed host'}
+WRONG_TYPES = [1, None, True, {'a': 'b'}, ['a']]
+TEXT_FIELDS = ['client_name', 'token_endpoint_auth_method', 'scope', 'client_uri', 'logo_uri', 'tos_uri', 'policy_uri',
+               'jwks_uri', 'software_id', 'software_version', 'software_statement', 'client_name#fr']
+LIST_FIELDS = ['redirect_uris', 'grant_types', 'response_types', 'contacts']
+WRONG_BODIES = ([(field, value) for field in TEXT_FIELDS for value in WRONG_TYPES]
+                + [(field, value) for field in LIST_FIELDS
+                   for value in (1, None, True, {'a': 'b'}, 'x', [1], [None], [{'a': 'b'}], [['x']], ['x', 2])]
+                + [('jwks', value) for value in (1, None, 'x', [], {'a': 1}, {'keys': 'x'}, {'keys': [{'kty': 1}]})])
+
+
+def test_a_registration_of_the_wrong_types_is_invalid_client_metadata(server):
+    clients = sqlite3.connect(server.db).execute('SELECT count(*) FROM oauth_clients').fetchone()[0]
+    for field, value in WRONG_BODIES:
+        answer = requests.post(f'{server.url}/oauth/register', json=dict(GOOD_METADATA, **{field: value}),
+                               timeout=TIMEOUT)
+        assert (answer.status_code, answer.json()['error']) == (400, 'invalid_client_metadata'), (field, value)
+    assert sqlite3.connect(server.db).execute('SELECT count(*) FROM oauth_clients').fetchone()[0] == clients
+    for uri in ('http://127.0.0.1:1/c b', 'http://127.0.0.1:1/c\tb', 'https://trusted.example@evil.example/cb'):
+        answer = register(server, [uri])
+        assert (answer.status_code, answer.json()['error']) == (400, 'invalid_client_metadata'), uri
+    assert register(server).status_code == 201
+
+
+class InProcessHost:
+    """A host and a person over the in-process app (whose clock tests move): registration, the approval by a
+    signed-up person's session, and the code's exchange."""
+
+    def __init__(self, app):
+        self.app, self.browser = app, Browser(app)
+        sign_up(self.browser, 'Grace')
+
+    def register(self, name):
+        answer = AppClient(self.app).post('/oauth/register', {'redirect_uris': [CALLBACK], 'client_name': name})
+        assert answer.status == 201, answer
+        return answer.json['client_id']
+
+    def connect(self, client_id):
+        """Approve the client and exchange its code: the token answer."""
+        verifier, challenge = pkce()
+        path = authorize_url(None, client_id, challenge)
+        sent = Page(self.browser.submit(path, '/oauth/authorize', decision='approve'))
+        location = html.unescape(re.search(r'url=([^"]+)"', sent.html).group(1))
+        code = parse_qs(urlsplit(location).query)['code'][0]
+        answer = AppClient(self.app).post('/oauth/token', urlencode({
+            'grant_type': 'authorization_code', 'code': code, 'client_id': client_id, 'redirect_uri': CALLBACK,
+            'code_verifier': verifier}).encode(), headers={'Content-Type': 'application/x-www-form-urlencoded'})
+        assert answer.status == 200, answer
+        return answer.json
+
+    def clients(self):
+        return {row['name'] for row in self.app.service.db.rows('SELECT name FROM oauth_clients')}
+
+
+@pytest.fixture
+def loopback_app(tmp_path):
+    """The app in-process, its public URL on loopback (OAuth refuses plain http elsewhere)."""
+    app = wiring.make_app(mp.Settings(db=str(tmp_path / 'oauth.db'), rate_limits='off', admin_key=ADMIN_KEY,
+                                      public_url='http://127.0.0.1:8080'))
+    yield app
+    app.service.close()
+
+
+def test_a_client_never_approved_is_deleted_a_day_after_it_registered(loopback_app, real_clock):
+    real_clock.set(mp.now())
+    host = InProcessHost(loopback_app)
+    host.register('Never approved')
+    connected = host.register('Approved')
+    tokens = host.connect(connected)
+    half_approved = host.register('Approved, its code never exchanged')
+    path = authorize_url(None, half_approved, pkce()[1])
+    assert host.browser.submit(path, '/oauth/authorize', decision='approve').status == 200
+    real_clock.advance(hours=23, minutes=59)
+    host.register('A day later')              # registration forgets what is over a day old: nothing yet
+    assert host.clients() == {'Never approved', 'Approved', 'Approved, its code never exchanged', 'A day later'}
+    real_clock.advance(minutes=2)
+    host.register('Later still')
+    assert host.clients() == {'Approved', 'A day later', 'Later still'}
+    db = loopback_app.service.db
+    assert db.value('SELECT count(*) FROM oauth_grants WHERE client_id = :id', {'id': half_approved}) == 0
+    assert db.value('SELECT count(*) FROM oauth_codes') == 1           # the exchanged one's, spent
+    answer = AppClient(loopback_app).get('/api/claims', key=tokens['access_token'])
+    assert answer.status == 401         # its hour has passed; its refresh token still works, the client kept
+    refreshed = AppClient(loopback_app).post('/oauth/token', urlencode({
+        'grant_type': 'refresh_token', 'refresh_token': tokens['refresh_token'], 'client_id': connected}).encode(),
+        headers={'Content-Type': 'application/x-www-form-urlencoded'})
+    assert refreshed.status == 200, refreshed
+    assert AppClient(loopback_app).get('/api/claims', key=refreshed.json['access_token']).status == 200
