@@ -5,9 +5,11 @@ authlib's server parts speak the protocol: the authorization code grant with PKC
 rotated on use, dynamic client registration (RFC 7591). This module hands them bottle's requests and the database,
 and owns what is the service's: the metadata documents (RFC 9728 for the resource, RFC 8414 for the server), the
 approval page (a signed-in person, the site's CSRF and session rules) and /my/connections. Codes and tokens are
-stored only as hashes; an access token (ACCESS_TOKEN_PREFIX) is taken by the whole API as a key is
-(marketplace.account_for_key). A grant remembers the key whose session approved it: revoking that key ends it.
-Only this module imports authlib.
+stored only as hashes, and spent by the first write of the transaction that issues tokens (spend: a code or a
+refresh token used twice, even at once, revokes its grant); an access token (ACCESS_TOKEN_PREFIX) is taken by the
+whole API as a key is (marketplace.account_for_key). A grant remembers the key whose session approved it: revoking
+that key ends it. Clients never approved are deleted a day after they registered (forget_unapproved_clients, at
+registration). Only this module imports authlib.
 """
 
 import json
