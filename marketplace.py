@@ -714,16 +714,19 @@ def ledger_problems(db):
     For each job: locked = released + fee + refunded + still locked, the escrow never below zero,
     nothing left in escrow once the job is final, and escrowStatus agreeing with the balance (a held escrow may
     hold anything: its pending payments wait; a job needing an admin may hold what a reverted call did not move).
-    Every payment is exactly one debit and one matching credit (a cancelled one, never sent, or a failed one, its
-    call reverted, also their reversal: it counts for nothing); no worker or fee account is negative.
+    Every payment moves its amount from one account to one other, in entries that come in pairs (a cancelled one,
+    never sent, or a failed one, its call reverted, also their reversal: it counts for nothing; a failed one made
+    after all, the pair again); no worker or fee account is negative.
     """
     problems = []
     for row in db.rows('''
-        SELECT p.id, p.amount, count(e.id) AS entries, coalesce(sum(e.amount), 0) AS net,
-               coalesce(max(e.amount), 0) AS credit, p.status IN ('cancelled', 'failed') AS cancelled
-        FROM payments p LEFT JOIN ledger_entries e ON e.payment_id = p.id
+        SELECT p.id, coalesce(sum(e.n), 0) AS entries, coalesce(sum(e.total), 0) AS net
+        FROM payments p LEFT JOIN (SELECT payment_id, account, sum(amount) AS total, count(*) AS n
+                                   FROM ledger_entries GROUP BY payment_id, account) e ON e.payment_id = p.id
         GROUP BY p.id
-        HAVING entries != CASE WHEN cancelled THEN 4 ELSE 2 END OR net != 0 OR credit != p.amount'''):
+        HAVING entries = 0 OR entries % 2 != 0 OR count(e.account) != 2 OR net != 0
+            OR coalesce(max(e.total), 0) != CASE WHEN p.status IN ('cancelled', 'failed') THEN 0 ELSE p.amount END
+            OR coalesce(min(e.total), 0) != CASE WHEN p.status IN ('cancelled', 'failed') THEN 0 ELSE -p.amount END'''):
         problems.append(f'payment {row["id"]}: {row["entries"]} entries, net {row["net"]}')
     for job in db.rows('''
         SELECT j.id, j.status, j.escrow_status, j.needs_admin,
@@ -1189,7 +1192,6 @@ _BYTES32 = re.compile(r'0x[0-9a-fA-F]{64}')
 _SIGNATURE = re.compile(r'0x[0-9a-fA-F]{130}')
 RELAY_WAIT_SECONDS = 10     # how long POST /api/jobs waits for a relayed deposit to be mined before a 402 pending
 EVENT_BLOCKS = 5_000        # blocks of the contract's events read per sweep (nodes cap eth_getLogs ranges)
-HALF_CURVE_ORDER = 0x7fffffffffffffffffffffffffffffff5d576e7357a4501ddfe92f46681b20a0   # the contract's low-s rule
 
 
 def read_bytes32(value):
@@ -1391,12 +1393,6 @@ def claim_release(db, settings, job, claim):
     return release_typed_data(settings, job, claim['id'], agent['wallet_address'], amount - fee, fee)
 
 
-def low_s(signature):
-    """Does a 65-byte signature have the form the contract takes (low s, v 27 or 28, or 0 or 1)?"""
-    raw = bytes.fromhex(signature[2:])
-    return int.from_bytes(raw[32:64], 'big') <= HALF_CURVE_ORDER and raw[64] in (0, 1, 27, 28)
-
-
 def contract_release(db, settings, job, claim, agent, amount, fee, signature):
     """Pay a contract job's worker `amount` (and `fee` to the fee recipient, by the same call). With the payer's
     Release `signature` the server's key co-signs that Release (only ever this claim's share to its worker's
@@ -1407,8 +1403,7 @@ def contract_release(db, settings, job, claim, agent, amount, fee, signature):
     if signature is not None:
         from verifier.escrow import sign_typed_data, typed_data_signer
         typed = release_typed_data(settings, job, claim['id'], payee, amount, fee)
-        if (typed_data_signer(typed, signature) or '').lower() != (job['refund_address'] or '-').lower() or \
-                not low_s(signature):
+        if (typed_data_signer(typed, signature) or '').lower() != (job['refund_address'] or '-').lower():
             raise APIError("releaseSignature is not the payer's signature of this Release: sign releaseTypedData with "
                            "the wallet that made the deposit (a low-s signature, as wallets make), or approve without "
                            "it (paid after the contract's delay).", code='payment_signature_invalid', status=402,

@@ -53,6 +53,55 @@ def test_the_check_catches_a_missing_entry(app, market):
     restore(app)
 
 
+def test_a_payout_that_reverted_counts_for_nothing_until_the_chain_shows_it_made(app, market):
+    """CONTRACT 25: a failed payment's entries are reversed (the money stayed in escrow) and its job needs an admin;
+    when the chain then shows the payment made by someone else's transaction, its pair of entries comes back."""
+    db = app.service.db
+    job, claim = market.delivered_job(paymentAmount='25.00')
+    market.verify(job, claim, True)
+    release = db.row("SELECT * FROM payments WHERE job_id = :id AND type = 'release'", job)
+    with db.transaction():
+        mp.fail_payments(db, job['id'], [release['id']], 'its release transaction 0xaa reverted on chain')
+        mp.fail_payments(db, job['id'], [release['id']], 'again')           # failing twice reverses once
+    assert (mp.escrow_balance(db, job['id']), len(entries(app, job))) == (25_000_000, 6)
+    assert market.get_job(job)['job']['needsAdmin'] is True
+    assert [(p['type'], p['status'], p['failure']) for p in market.get_job(job)['payments']] == [
+        ('escrow', 'simulated', None), ('release', 'failed', 'its release transaction 0xaa reverted on chain')]
+    assert mp.ledger_problems(db) == []         # a completed job needing an admin may hold what did not move
+    event = {'name': 'Released', 'txHash': '0x' + 'bb' * 32, 'payee': release['recipient'].upper(),
+             'amount': release['amount'], 'fee': 0, 'bySignature': True}
+    with db.transaction():
+        mp.record_foreign_payment(db, mp.get_job(db, job['id']), event)
+    assert db.row('SELECT status, tx_hash, failure, origin FROM payments WHERE id = :id', release) == \
+        {'status': 'confirmed', 'tx_hash': '0x' + 'bb' * 32, 'failure': None, 'origin': None}
+    assert (mp.escrow_balance(db, job['id']), len(entries(app, job))) == (0, 8)
+    assert mp.ledger_problems(db) == []
+    # the same money shown as released once more is no record of ours: recorded as it was, and the books say so
+    with db.transaction():
+        mp.record_foreign_payment(db, mp.get_job(db, job['id']), dict(event, txHash='0x' + 'cc' * 32))
+    assert db.row("SELECT type, origin, recipient FROM payments WHERE tx_hash = :tx", {'tx': '0x' + 'cc' * 32}) == \
+        {'type': 'release', 'origin': 'chain', 'recipient': release['recipient'].upper()}
+    assert any('escrow holds -25000000' in problem for problem in mp.ledger_problems(db))
+    restore(app)
+
+
+def test_the_check_catches_payments_whose_pairs_do_not_add_up(app, market):
+    job = market.job()
+    db = app.service.db
+    escrow = db.row("SELECT id FROM payments WHERE job_id = :id", job)
+    with db.transaction():          # a reversal of only one side: the pair is broken
+        db.execute("""INSERT INTO ledger_entries (payment_id, job_id, account, amount, currency, created_at)
+                      SELECT payment_id, job_id, account, -amount, currency, created_at FROM ledger_entries
+                      WHERE payment_id = :id ORDER BY id LIMIT 1""", escrow)
+    assert any(f'payment {escrow["id"]}: 3 entries' in problem for problem in mp.ledger_problems(db))
+    with db.transaction():          # and the other side: four entries, but the payment is not cancelled
+        db.execute("""INSERT INTO ledger_entries (payment_id, job_id, account, amount, currency, created_at)
+                      SELECT payment_id, job_id, account, -amount, currency, created_at FROM ledger_entries
+                      WHERE payment_id = :id ORDER BY id LIMIT 1 OFFSET 1""", escrow)
+    assert any(f'payment {escrow["id"]}: 4 entries, net 0' in problem for problem in mp.ledger_problems(db))
+    restore(app)
+
+
 def test_the_check_catches_money_left_in_a_final_job(app, market):
     job = market.job()
     app.service.db.execute("UPDATE jobs SET status = 'cancelled' WHERE id = :id", {'id': job['id']})

@@ -16,6 +16,7 @@ from web3 import Web3  # noqa: E402
 sys.setrecursionlimit(_recursion_limit)     # importing eth_account raises it to 100000: deep input could then crash us
 
 from verifier.checks import checksummed  # noqa: E402
+from verifier.funding import HALF_CURVE_ORDER  # noqa: E402
 
 ARTIFACT = Path(__file__).resolve().parent.parent / 'contracts' / 'JobEscrow.json'
 CALL_GAS = 250_000          # refund, release, execute of one payee, reclaim, depositWithAuthorization
@@ -163,10 +164,11 @@ def _signable(typed):
 
 
 def typed_data_signer(typed, signature):
-    """The address whose key signed the typed data (ECDSA), or None when the signature is malformed."""
+    """The address whose key signed the typed data (ECDSA), or None when the signature is malformed or not of the
+    form the contract takes (v 27 or 28, or 0 or 1; s in the lower half: a high-s twin would revert on chain)."""
     try:
         raw = bytes.fromhex(signature[2:] if signature.startswith('0x') else signature)
-        if len(raw) != 65:
+        if len(raw) != 65 or raw[64] not in (0, 1, 27, 28) or int.from_bytes(raw[32:64], 'big') > HALF_CURVE_ORDER:
             return None
         return Account.recover_message(_signable(typed), signature=raw)
     except (ValueError, TypeError):
